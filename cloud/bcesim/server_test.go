@@ -1,0 +1,132 @@
+package bcesim_test
+
+import (
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/baidubce/bce-sdk-go/bce"
+	"github.com/baidubce/bce-sdk-go/services/eni"
+
+	"github.com/cce-ipam/sharded/cloud/bcesim"
+)
+
+func svcErr(t *testing.T, err error) *bce.BceServiceError {
+	t.Helper()
+	var se *bce.BceServiceError
+	if !errors.As(err, &se) {
+		t.Fatalf("want a BceServiceError, got %T %v", err, err)
+	}
+	return se
+}
+
+func createENI(t *testing.T, c *sdk, w *world, name string) string {
+	t.Helper()
+	res, err := c.eni.CreateEni(&eni.CreateEniArgs{Name: name, SubnetId: w.subnet, SecurityGroupIds: []string{w.sg},
+		PrivateIpSet: []eni.PrivateIp{{Primary: true}}})
+	if err != nil {
+		t.Fatalf("create eni: %v", err)
+	}
+	return res.EniId
+}
+
+func TestServer_SDKLifecycle(t *testing.T) {
+	clock := newFakeClock(time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC))
+	w := startWorld(t, bcesim.Config{Now: clock.Now, World: bcesim.WorldConfig{AttachDelay: 3 * time.Second}})
+	c := newSDK(t, w.url, testAK, testSK)
+
+	id := createENI(t, c, w, "c-abc/i-small/node1/abcdef")
+	got, err := c.eni.GetEniDetail(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != "available" || got.InstanceId != "" || len(got.PrivateIpSet) != 1 || !got.PrivateIpSet[0].Primary {
+		t.Fatalf("new eni = %+v", got)
+	}
+	if _, err := time.Parse(time.RFC3339, got.CreatedTime); err != nil {
+		t.Fatalf("createdTime %q: %v", got.CreatedTime, err)
+	}
+	inst := w.small
+	if err := c.eni.AttachEniInstance(&eni.EniInstance{EniId: id, InstanceId: &inst}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.eni.GetEniDetail(id); got.Status != "attaching" || got.InstanceId != inst {
+		t.Fatalf("after attach: status %q instance %q, want attaching on %s", got.Status, got.InstanceId, inst)
+	}
+	clock.Advance(3 * time.Second)
+	if got, _ := c.eni.GetEniDetail(id); got.Status != "inuse" {
+		t.Fatalf("after the attach delay: status %q, want inuse", got.Status)
+	}
+	// 4 GB memory: 8 addresses per ENI including the primary.
+	res, err := c.eni.BatchAddPrivateIp(&eni.EniBatchPrivateIpArgs{EniId: id, PrivateIpAddressCount: 7})
+	if err != nil || len(res.PrivateIpAddresses) != 7 {
+		t.Fatalf("batch add 7: %v %v", res, err)
+	}
+	_, err = c.eni.AddPrivateIp(&eni.EniPrivateIpArgs{EniId: id})
+	if se := svcErr(t, err); se.Code != bcesim.CodeVMMemoryIPCap || se.StatusCode != http.StatusBadRequest {
+		t.Fatalf("add past the memory cap: %v", se)
+	}
+	if err := c.eni.DeletePrivateIp(&eni.EniPrivateIpArgs{EniId: id, PrivateIpAddress: res.PrivateIpAddresses[0]}); err != nil {
+		t.Fatal(err)
+	}
+	err = c.eni.DeletePrivateIp(&eni.EniPrivateIpArgs{EniId: id, PrivateIpAddress: res.PrivateIpAddresses[0]})
+	if se := svcErr(t, err); se.Code != bcesim.CodePrivateIPNotExist {
+		t.Fatalf("delete twice: %v", se)
+	}
+	if err := w.srv.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestServer_BadSignatureAndUnknownKey(t *testing.T) {
+	w := startWorld(t, bcesim.Config{})
+	_, err := newSDK(t, w.url, testAK, "wrong-secret").eni.GetEniDetail("eni-x")
+	if se := svcErr(t, err); se.Code != bcesim.CodeSignatureMismatch || se.StatusCode != http.StatusBadRequest {
+		t.Fatalf("wrong secret: %v", se)
+	}
+	_, err = newSDK(t, w.url, "other-ak", testSK).eni.GetEniDetail("eni-x")
+	if se := svcErr(t, err); se.Code != bcesim.CodeInvalidAccessKeyID || se.StatusCode != http.StatusForbidden {
+		t.Fatalf("unknown key: %v", se)
+	}
+	// The right key reaches the world: a missing ENI, not an auth error.
+	_, err = newSDK(t, w.url, testAK, testSK).eni.GetEniDetail("eni-x")
+	if se := svcErr(t, err); se.Code != bcesim.CodeEniID {
+		t.Fatalf("good key: %v", se)
+	}
+}
+
+func TestServer_RateLimitAnswers429(t *testing.T) {
+	w := startWorld(t, bcesim.Config{RateLimits: map[bcesim.Op]bcesim.RateLimit{bcesim.OpGetInstance: {QPS: 0.001, Burst: 1}}})
+	c := newSDK(t, w.url, testAK, testSK)
+	if _, err := c.bcc.GetInstanceDetail(w.small); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.bcc.GetInstanceDetail(w.small)
+	if se := svcErr(t, err); se.Code != bcesim.CodeRateLimit || se.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("second call: %v", se)
+	}
+	st := w.srv.Stats().Ops[bcesim.OpGetInstance]
+	if st.Calls != 2 || st.Throttled != 1 {
+		t.Fatalf("stats = %+v, want 2 calls, 1 throttled", st)
+	}
+}
+
+// Without a clientToken, a 5xx after the mutation makes the SDK's retry apply
+// it again: the leak the fault exists to produce.
+func TestServer_FailAfterMutationWithoutTokenDoubleApplies(t *testing.T) {
+	w := startWorld(t, bcesim.Config{})
+	c := newSDK(t, w.url, testAK, testSK)
+	id := createENI(t, c, w, "n")
+	if err := w.srv.SetFaults(bcesim.Faults{FailAfterMutation: map[bcesim.Op]int{bcesim.OpBatchAddPrivateIP: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.eni.BatchAddPrivateIp(&eni.EniBatchPrivateIpArgs{EniId: id, PrivateIpAddressCount: 2})
+	if err != nil || len(res.PrivateIpAddresses) != 2 {
+		t.Fatalf("batch add: %v %v", res, err)
+	}
+	got, _ := c.eni.GetEniDetail(id)
+	if len(got.PrivateIpSet) != 1+4 {
+		t.Fatalf("eni holds %d addresses, want 5 (primary + 2 applied twice)", len(got.PrivateIpSet))
+	}
+}

@@ -1,0 +1,29 @@
+// Package cluster starts a real, throw-away Kubernetes control plane for tests
+// and tools: etcd and kube-apiserver, plus kube-controller-manager when asked
+// (so that StatefulSets and ServiceAccounts are real).
+//
+// The binaries are the pinned ones that `make tools` builds into bin/ from the
+// Go module proxy; nothing here downloads anything. Every process binds to a
+// free 127.0.0.1 port, lives in its own process group inside a temporary
+// directory, and is stopped by Close. If the test binary itself dies (SIGKILL,
+// a panic, `go test -timeout`), the kernel kills the children too: each one is
+// started with a parent-death signal from a thread that stays alive for as long
+// as the child runs.
+//
+// A typical test package shares one control plane across its tests:
+//
+//	var cp *cluster.Cluster
+//
+//	func TestMain(m *testing.M) {
+//		os.Exit(cluster.RunTests(m, cluster.Options{}, &cp))
+//	}
+//
+//	func TestSomething(t *testing.T) {
+//		ns := cp.Namespace(t) // a fresh namespace, deleted when the test ends
+//		cs := kubernetes.NewForConfigOrDie(cp.Config)
+//		...
+//	}
+//
+// Start writes an admin kubeconfig to Cluster.Kubeconfig so that tools such as
+// kubectl, helm or our own binaries can talk to the same API server.
+package cluster

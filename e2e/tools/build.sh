@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Builds the pinned test tools into a bin directory from the Go module proxy.
+# Usage: e2e/tools/build.sh BIN_DIR [TOOL...]   (TOOL: etcd kube helm; default all)
+#
+# Each tool's version is read from its own tools module's go.mod, so that file
+# is the single pin. A tool whose recorded version (BIN_DIR/.versions/NAME)
+# matches is not rebuilt.
+set -euo pipefail
+
+bin_dir=$(mkdir -p "$1" && cd "$1" && pwd)
+shift
+tools_dir=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$bin_dir/.versions"
+
+# pinned MODULE_DIR MODULE -> the version of MODULE required in MODULE_DIR/go.mod
+pinned() {
+	awk -v m="$2" '$1 == m && $2 ~ /^v/ { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$1/go.mod"
+}
+
+# Bump when the way a tool is built changes, so that stale binaries rebuild.
+recipe=2
+
+# build NAME MODULE_DIR MODULE LDFLAGS BINARY=PACKAGE...
+build() {
+	local name=$1 dir=$2 module=$3 ldflags=$4
+	shift 4
+	local version stamp
+	version=$(pinned "$dir" "$module")
+	[ -n "$version" ] || { echo "no version of $module in $dir/go.mod" >&2; exit 1; }
+	stamp="$bin_dir/.versions/$name"
+	local outputs=()
+	for spec in "$@"; do outputs+=("$bin_dir/${spec%%=*}"); done
+	if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$module@$version recipe=$recipe" ]; then
+		local all=1
+		for o in "${outputs[@]}"; do [ -x "$o" ] || all=0; done
+		if [ $all = 1 ]; then
+			echo "tools: $name $version is up to date"
+			return
+		fi
+	fi
+	echo "tools: building $name ($module@$version) ..."
+	local start=$SECONDS
+	rm -f "$stamp"
+	for spec in "$@"; do
+		(cd "$dir" && go build -ldflags "${ldflags//@VERSION@/$version}" -o "$bin_dir/${spec%%=*}" "${spec#*=}")
+	done
+	echo "$module@$version recipe=$recipe" >"$stamp"
+	echo "tools: built $name in $((SECONDS - start))s"
+}
+
+# The Kubernetes build stamps its version with -X; without it the binaries say
+# v0.0.0-master, which clients and version skew checks then see.
+kube_ldflags() {
+	local v=$1 major minor
+	major=${v#v}; major=${major%%.*}
+	minor=${v#v*.}; minor=${minor%%.*}
+	local f=""
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		f+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+	done
+	echo "$f"
+}
+
+want=("$@")
+[ ${#want[@]} -gt 0 ] || want=(etcd kube helm)
+for t in "${want[@]}"; do
+	case "$t" in
+	etcd) build etcd "$tools_dir/etcd" go.etcd.io/etcd/server/v3 "" etcd=go.etcd.io/etcd/server/v3 ;;
+	kube) build kube "$tools_dir/kube" k8s.io/kubernetes "$(kube_ldflags "$(pinned "$tools_dir/kube" k8s.io/kubernetes)")" \
+		kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+		kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager ;;
+	helm) build helm "$tools_dir/helm" helm.sh/helm/v3 "-X helm.sh/helm/v3/internal/version.version=@VERSION@" \
+		helm=helm.sh/helm/v3/cmd/helm ;;
+	*) echo "unknown tool $t (want etcd, kube or helm)" >&2; exit 2 ;;
+	esac
+done

@@ -16,7 +16,7 @@ TEST_TIMEOUT ?= 30m
 
 export CCE_IPAM_BIN_DIR := $(BIN)
 
-.PHONY: all build tools test unit integration lint fmt vet demo clean help
+.PHONY: all build tools test unit integration lint fmt vet demo clean help generate
 
 all: build
 
@@ -52,6 +52,13 @@ test: tools lint
 ## integration: the same as test without the lint step.
 integration: tools
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags $(INTEGRATION_TAGS) ./...
+
+## generate: regenerate committed code (API clientsets, CRD manifests, gRPC stubs).
+## Each generator has a test that fails when its committed output is stale.
+generate:
+	@for g in ipamcore/apis/generate.sh ipamcore/rpc/generate.sh; do \
+		if [ -x "$$g" ]; then echo "generate: $$g"; "$$g" || exit 1; fi; \
+	done
 
 demo:
 	@echo "make demo is delivered by the e2e issue (#6) and does not exist yet." >&2

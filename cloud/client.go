@@ -1,0 +1,456 @@
+package cloud
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/baidubce/bce-sdk-go/bce"
+	"github.com/baidubce/bce-sdk-go/services/eni"
+	"github.com/baidubce/bce-sdk-go/services/vpc"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Client implements Provider over bce-sdk-go.
+type Client struct {
+	cfg       Config
+	sdkConfig *bce.BceClientConfiguration
+	transport *http.Transport
+	limiter   *Limiter
+	m         *metrics
+	log       *slog.Logger
+	secrets   []string // redacted from every error message
+}
+
+var _ Provider = (*Client)(nil)
+
+// New validates cfg, loads credentials and returns a Client. It starts no
+// goroutines. logger may be nil; reg may be nil (metrics then go nowhere).
+func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("cloud config: %w", err)
+	}
+	cfg.setDefaults()
+	ak, sk, err := cfg.credentials()
+	if err != nil {
+		return nil, err
+	}
+	sdkCfg, err := newSDKConfig(cfg, ak, sk)
+	if err != nil {
+		return nil, fmt.Errorf("cloud credentials: %w", err)
+	}
+	lim, err := NewLimiter(cfg.Rate, cfg.Burst)
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 100
+	c := &Client{cfg: cfg, sdkConfig: sdkCfg, transport: tr, limiter: lim, m: newMetrics(reg), log: logger,
+		secrets: []string{sk, ak}}
+	c.m.rate.Set(cfg.Rate)
+	c.m.burst.Set(float64(cfg.Burst))
+	return c, nil
+}
+
+// SetRate changes the client-side rate limit at run time (see Limiter.SetRate).
+func (c *Client) SetRate(rate float64, burst int64) error {
+	if err := c.limiter.SetRate(rate, burst); err != nil {
+		return err
+	}
+	c.m.rate.Set(rate)
+	c.m.burst.Set(float64(burst))
+	return nil
+}
+
+// Rate returns the current client-side rate and burst.
+func (c *Client) Rate() (float64, int64) { return c.limiter.Rate() }
+
+// Close drops idle connections.
+func (c *Client) Close() { c.transport.CloseIdleConnections() }
+
+func (c *Client) redact(s string) string {
+	for _, secret := range c.secrets {
+		if secret != "" {
+			s = strings.ReplaceAll(s, secret, "[REDACTED]")
+		}
+	}
+	return s
+}
+
+// do runs one logical call: wait for a token, call the SDK, and on RateLimit
+// back off with jitter and try again (up to ThrottleRetries). Every attempt
+// is timed and counted; the final result is counted once by class.
+func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet) error) error {
+	for attempt := 0; ; attempt++ {
+		waited, err := c.limiter.Wait(ctx)
+		c.m.wait.WithLabelValues(op).Observe(waited.Seconds())
+		if err != nil {
+			e := &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: err.Error(), cause: err}
+			c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
+			return e
+		}
+		s := c.newSDKSet(ctx)
+		start := time.Now()
+		err = fn(s)
+		s.rt.close()
+		c.m.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+		if err == nil {
+			c.m.calls.WithLabelValues(op, "ok").Inc()
+			return nil
+		}
+		e := classify(ctx, op, resource, err)
+		e.Message = c.redact(e.Message)
+		if e.Class == ClassRateLimit {
+			c.m.throttled.WithLabelValues(op).Inc()
+			if attempt < c.cfg.ThrottleRetries {
+				backoff := time.Duration(float64(c.cfg.ThrottleBackoff) * (1 + 5*rand.Float64()))
+				c.log.Debug("bce throttled, backing off", "op", op, "resource", resource, "attempt", attempt+1, "backoff", backoff)
+				if sleepCtx(ctx, backoff) == nil {
+					continue
+				}
+				e = &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: ctx.Err().Error(), cause: ctx.Err()}
+			}
+		}
+		c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
+		return e
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// validID rejects IDs that would change the request path or query.
+func validID(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for _, r := range s {
+		if !(r == '-' || r == '_' || r == '.' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9')) {
+			return false
+		}
+	}
+	return true
+}
+
+func validIP(s string) bool {
+	_, err := netip.ParseAddr(s)
+	return err == nil
+}
+
+// maxPages guards pagination against a server that never stops.
+const maxPages = 100_000
+
+// ListENIs implements Provider.
+func (c *Client) ListENIs(ctx context.Context, opts ListENIsOptions) ([]ENI, error) {
+	const op = "ListENIs"
+	for _, id := range []string{opts.VPCID, opts.InstanceID} {
+		if id != "" && !validID(id) {
+			return nil, invalid(op, id, "malformed ID")
+		}
+	}
+	for _, ip := range opts.PrivateIPs {
+		if !validIP(ip) {
+			return nil, invalid(op, "", "malformed address %q", ip)
+		}
+	}
+	want := map[string]bool{}
+	for _, ip := range opts.PrivateIPs {
+		want[ip] = true
+	}
+	var out []ENI
+	marker := ""
+	seen := map[string]bool{}
+	for page := 0; ; page++ {
+		if page == maxPages {
+			return nil, &Error{Op: op, Class: ClassServer, Message: "pagination did not end"}
+		}
+		var res *eni.ListEniResult
+		err := c.do(ctx, op, opts.VPCID, func(s *sdkSet) error {
+			var err error
+			res, err = s.eni.ListEni(&eni.ListEniArgs{VpcId: opts.VPCID, InstanceId: opts.InstanceID, Name: opts.NamePrefix,
+				Marker: marker, MaxKeys: c.cfg.PageSize, PrivateIpAddress: opts.PrivateIPs})
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		for i := range res.Eni {
+			e := fromSDKENI(&res.Eni[i])
+			// BCE matches the name loosely and a single address by suffix:
+			// keep exactly what was asked for.
+			if !strings.HasPrefix(e.Name, opts.NamePrefix) || (opts.InstanceID != "" && e.InstanceID != opts.InstanceID) {
+				continue
+			}
+			if len(want) > 0 && !holdsAny(&e, want) {
+				continue
+			}
+			out = append(out, e)
+		}
+		if !res.IsTruncated {
+			return out, nil
+		}
+		if res.NextMarker == "" || seen[res.NextMarker] {
+			return nil, &Error{Op: op, Class: ClassServer, Message: fmt.Sprintf("truncated page with unusable nextMarker %q", res.NextMarker)}
+		}
+		seen[res.NextMarker] = true
+		marker = res.NextMarker
+	}
+}
+
+func holdsAny(e *ENI, want map[string]bool) bool {
+	for _, ip := range e.PrivateIPs {
+		if want[ip.Address] {
+			return true
+		}
+	}
+	return false
+}
+
+// GetENI implements Provider.
+func (c *Client) GetENI(ctx context.Context, eniID string) (*ENI, error) {
+	const op = "GetENI"
+	if !validID(eniID) {
+		return nil, invalid(op, eniID, "malformed ENI ID")
+	}
+	var res *eni.Eni
+	err := c.do(ctx, op, eniID, func(s *sdkSet) error {
+		var err error
+		res, err = s.eni.GetEniDetail(eniID)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	e := fromSDKENI(res)
+	return &e, nil
+}
+
+// CreateENI implements Provider.
+func (c *Client) CreateENI(ctx context.Context, req CreateENIRequest) (string, error) {
+	const op = "CreateENI"
+	switch {
+	case req.Name == "" || len(req.Name) > 256:
+		return "", invalid(op, req.SubnetID, "name must be 1 to 256 characters")
+	case !validID(req.SubnetID):
+		return "", invalid(op, req.SubnetID, "malformed subnet ID")
+	case len(req.SecurityGroupIDs) == 0:
+		return "", invalid(op, req.SubnetID, "an ENI needs at least one security group")
+	case req.PrimaryIP != "" && !validIP(req.PrimaryIP):
+		return "", invalid(op, req.SubnetID, "malformed primary address %q", req.PrimaryIP)
+	}
+	args := &eni.CreateEniArgs{ClientToken: newClientToken(), Name: req.Name, SubnetId: req.SubnetID,
+		SecurityGroupIds: req.SecurityGroupIDs, Description: req.Description,
+		PrivateIpSet: []eni.PrivateIp{{Primary: true, PrivateIpAddress: req.PrimaryIP}}}
+	var id string
+	err := c.do(ctx, op, req.SubnetID, func(s *sdkSet) error {
+		res, err := s.eni.CreateEni(args)
+		if err == nil {
+			id = res.EniId
+		}
+		return err
+	})
+	if err == nil && id == "" {
+		return "", &Error{Op: op, Resource: req.SubnetID, Class: ClassServer, Message: "BCE returned no ENI ID"}
+	}
+	return id, err
+}
+
+// AttachENI implements Provider.
+func (c *Client) AttachENI(ctx context.Context, eniID, instanceID string) error {
+	return c.attachDetach(ctx, "AttachENI", eniID, instanceID, func(s *sdkSet, a *eni.EniInstance) error {
+		return s.eni.AttachEniInstance(a)
+	})
+}
+
+// DetachENI implements Provider.
+func (c *Client) DetachENI(ctx context.Context, eniID, instanceID string) error {
+	return c.attachDetach(ctx, "DetachENI", eniID, instanceID, func(s *sdkSet, a *eni.EniInstance) error {
+		return s.eni.DetachEniInstance(a)
+	})
+}
+
+func (c *Client) attachDetach(ctx context.Context, op, eniID, instanceID string, fn func(*sdkSet, *eni.EniInstance) error) error {
+	if !validID(eniID) || !validID(instanceID) {
+		return invalid(op, eniID, "malformed ENI or instance ID")
+	}
+	args := &eni.EniInstance{EniId: eniID, InstanceId: &instanceID, ClientToken: newClientToken()}
+	return c.do(ctx, op, eniID, func(s *sdkSet) error { return fn(s, args) })
+}
+
+// DeleteENI implements Provider.
+func (c *Client) DeleteENI(ctx context.Context, eniID string) error {
+	const op = "DeleteENI"
+	if !validID(eniID) {
+		return invalid(op, eniID, "malformed ENI ID")
+	}
+	args := &eni.DeleteEniArgs{EniId: eniID, ClientToken: newClientToken()}
+	return c.do(ctx, op, eniID, func(s *sdkSet) error { return s.eni.DeleteEni(args) })
+}
+
+// AddPrivateIP implements Provider.
+func (c *Client) AddPrivateIP(ctx context.Context, eniID, ip string) (string, error) {
+	const op = "AddPrivateIP"
+	if !validID(eniID) || (ip != "" && !validIP(ip)) {
+		return "", invalid(op, eniID, "malformed ENI ID or address %q", ip)
+	}
+	args := &eni.EniPrivateIpArgs{EniId: eniID, PrivateIpAddress: ip, ClientToken: newClientToken()}
+	var got string
+	err := c.do(ctx, op, eniID, func(s *sdkSet) error {
+		res, err := s.eni.AddPrivateIp(args)
+		if err == nil {
+			got = res.PrivateIpAddress
+		}
+		return err
+	})
+	return got, err
+}
+
+// BatchAddPrivateIPs implements Provider.
+func (c *Client) BatchAddPrivateIPs(ctx context.Context, eniID string, req BatchAddRequest) ([]string, error) {
+	const op = "BatchAddPrivateIP"
+	switch {
+	case !validID(eniID):
+		return nil, invalid(op, eniID, "malformed ENI ID")
+	case (req.Count > 0) == (len(req.IPs) > 0) || req.Count < 0:
+		return nil, invalid(op, eniID, "give either a positive count or explicit addresses")
+	case req.Count > MaxBatchIPs || len(req.IPs) > MaxBatchIPs:
+		return nil, invalid(op, eniID, "at most %d addresses per call", MaxBatchIPs)
+	}
+	for _, ip := range req.IPs {
+		if !validIP(ip) {
+			return nil, invalid(op, eniID, "malformed address %q", ip)
+		}
+	}
+	ips := req.IPs
+	if ips == nil {
+		ips = []string{}
+	}
+	args := &eni.EniBatchPrivateIpArgs{EniId: eniID, PrivateIpAddresses: ips, PrivateIpAddressCount: req.Count, ClientToken: newClientToken()}
+	var got []string
+	err := c.do(ctx, op, eniID, func(s *sdkSet) error {
+		res, err := s.eni.BatchAddPrivateIp(args)
+		if err == nil {
+			got = res.PrivateIpAddresses
+		}
+		return err
+	})
+	return got, err
+}
+
+// DeletePrivateIP implements Provider.
+func (c *Client) DeletePrivateIP(ctx context.Context, eniID, ip string) error {
+	const op = "DeletePrivateIP"
+	if !validID(eniID) || !validIP(ip) {
+		return invalid(op, eniID, "malformed ENI ID or address %q", ip)
+	}
+	args := &eni.EniPrivateIpArgs{EniId: eniID, PrivateIpAddress: ip, ClientToken: newClientToken()}
+	return c.do(ctx, op, eniID, func(s *sdkSet) error { return s.eni.DeletePrivateIp(args) })
+}
+
+// BatchDeletePrivateIPs implements Provider.
+func (c *Client) BatchDeletePrivateIPs(ctx context.Context, eniID string, ips []string) error {
+	const op = "BatchDeletePrivateIP"
+	if !validID(eniID) || len(ips) == 0 {
+		return invalid(op, eniID, "malformed ENI ID or no addresses")
+	}
+	for _, ip := range ips {
+		if !validIP(ip) {
+			return invalid(op, eniID, "malformed address %q", ip)
+		}
+	}
+	args := &eni.EniBatchPrivateIpArgs{EniId: eniID, PrivateIpAddresses: ips, ClientToken: newClientToken()}
+	return c.do(ctx, op, eniID, func(s *sdkSet) error { return s.eni.BatchDeletePrivateIp(args) })
+}
+
+// DescribeSubnet implements Provider.
+func (c *Client) DescribeSubnet(ctx context.Context, subnetID string) (*Subnet, error) {
+	const op = "DescribeSubnet"
+	if !validID(subnetID) {
+		return nil, invalid(op, subnetID, "malformed subnet ID")
+	}
+	var res *vpc.GetSubnetDetailResult
+	err := c.do(ctx, op, subnetID, func(s *sdkSet) error {
+		var err error
+		res, err = s.vpc.GetSubnetDetail(subnetID)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	sn := fromSDKSubnet(&res.Subnet)
+	return &sn, nil
+}
+
+// ListSubnets implements Provider.
+func (c *Client) ListSubnets(ctx context.Context, opts ListSubnetsOptions) ([]Subnet, error) {
+	const op = "ListSubnets"
+	if opts.VPCID != "" && !validID(opts.VPCID) {
+		return nil, invalid(op, opts.VPCID, "malformed VPC ID")
+	}
+	var out []Subnet
+	marker := ""
+	seen := map[string]bool{}
+	for page := 0; page < maxPages; page++ {
+		var res *vpc.ListSubnetResult
+		err := c.do(ctx, op, opts.VPCID, func(s *sdkSet) error {
+			var err error
+			res, err = s.vpc.ListSubnets(&vpc.ListSubnetArgs{Marker: marker, MaxKeys: c.cfg.PageSize, VpcId: opts.VPCID, ZoneName: opts.ZoneName})
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		for i := range res.Subnets {
+			out = append(out, fromSDKSubnet(&res.Subnets[i]))
+		}
+		if !res.IsTruncated {
+			return out, nil
+		}
+		if res.NextMarker == "" || seen[res.NextMarker] {
+			return nil, &Error{Op: op, Class: ClassServer, Message: fmt.Sprintf("truncated page with unusable nextMarker %q", res.NextMarker)}
+		}
+		seen[res.NextMarker] = true
+		marker = res.NextMarker
+	}
+	return nil, &Error{Op: op, Class: ClassServer, Message: "pagination did not end"}
+}
+
+// GetInstance implements Provider.
+func (c *Client) GetInstance(ctx context.Context, instanceID string) (*Instance, error) {
+	const op = "GetInstance"
+	if !validID(instanceID) {
+		return nil, invalid(op, instanceID, "malformed instance ID")
+	}
+	var in *Instance
+	err := c.do(ctx, op, instanceID, func(s *sdkSet) error {
+		res, err := s.bcc.GetInstanceDetail(instanceID)
+		if err != nil {
+			return err
+		}
+		m := &res.Instance
+		in = &Instance{ID: m.InstanceId, Name: m.InstanceName, Status: string(m.Status), ZoneName: m.ZoneName,
+			VPCID: m.VpcId, SubnetID: m.SubnetId, InternalIP: m.InternalIP, CPUCount: m.CpuCount,
+			MemoryCapacityInGB: m.MemoryCapacityInGB, ENIQuota: m.EniQuota}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return in, nil
+}

@@ -1,0 +1,172 @@
+package cloud
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// Files a mounted Kubernetes Secret provides in Config.CredentialsDir.
+const (
+	AccessKeyIDFile     = "access-key-id"
+	SecretAccessKeyFile = "secret-access-key"
+)
+
+// Config configures a Client. Zero values get the documented defaults in
+// New; Validate reports what cannot be defaulted.
+type Config struct {
+	// Endpoint is BCE's BCC endpoint (host:port or a URL) serving /v1/eni,
+	// /v1/subnet and /v2/instance. Defaults to bcc.<Region>.baidubce.com.
+	Endpoint string
+	// Region defaults to "bj".
+	Region string
+	// AccessKeyID and SecretAccessKey authenticate; when both are empty they
+	// are read from CredentialsDir. Never logged.
+	AccessKeyID     string
+	SecretAccessKey string
+	// CredentialsDir holds the files access-key-id and secret-access-key (a
+	// mounted Secret).
+	CredentialsDir string
+	// Rate and Burst size the client-side token bucket shared by every call.
+	// Default 10/s and 5, the upstream's. Change at run time with SetRate.
+	Rate  float64
+	Burst int64
+	// ThrottleRetries is how often a call answered RateLimit is retried by
+	// this client (the SDK never retries 429). Default 3; negative disables.
+	ThrottleRetries int
+	// ThrottleBackoff is the base of the jittered wait after RateLimit: the
+	// wait is base × [1,6), as upstream. Default 200ms.
+	ThrottleBackoff time.Duration
+	// SDKRetries and SDKRetryBase configure the SDK's own retry of 5xx and
+	// transport errors (delay base·2^n, capped at 20 s). Default 3 and 300ms.
+	SDKRetries   int
+	SDKRetryBase time.Duration
+	// Timeout bounds one HTTP attempt. Default 20s; at least 1s (the SDK
+	// counts it in whole seconds).
+	Timeout time.Duration
+	// PageSize is maxKeys for list calls. Default 1000.
+	PageSize int
+}
+
+// RegisterFlags binds the config to flags named --bce-*.
+func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Endpoint, "bce-endpoint", c.Endpoint, "BCE BCC endpoint (host:port or URL) serving the ENI, VPC and BCC APIs; default bcc.<region>.baidubce.com")
+	fs.StringVar(&c.Region, "bce-region", c.Region, "BCE region, e.g. bj")
+	fs.StringVar(&c.AccessKeyID, "bce-access-key-id", c.AccessKeyID, "BCE access key ID (prefer --bce-credentials-dir)")
+	fs.StringVar(&c.SecretAccessKey, "bce-secret-access-key", c.SecretAccessKey, "BCE secret access key (prefer --bce-credentials-dir)")
+	fs.StringVar(&c.CredentialsDir, "bce-credentials-dir", c.CredentialsDir, "directory with files access-key-id and secret-access-key (a mounted Secret)")
+	fs.Float64Var(&c.Rate, "bce-rate", c.Rate, "client-side BCE API calls per second (default 10)")
+	fs.Int64Var(&c.Burst, "bce-burst", c.Burst, "client-side BCE API burst (default 5)")
+	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", c.ThrottleRetries, "retries of a call BCE answered with RateLimit (default 3, negative disables)")
+	fs.DurationVar(&c.ThrottleBackoff, "bce-throttle-backoff", c.ThrottleBackoff, "base of the jittered backoff after RateLimit (default 200ms)")
+	fs.IntVar(&c.SDKRetries, "bce-sdk-retries", c.SDKRetries, "SDK retries of 5xx and transport errors (default 3)")
+	fs.DurationVar(&c.SDKRetryBase, "bce-sdk-retry-base", c.SDKRetryBase, "base delay of the SDK's exponential retry (default 300ms)")
+	fs.DurationVar(&c.Timeout, "bce-timeout", c.Timeout, "timeout of one BCE HTTP attempt (default 20s)")
+	fs.IntVar(&c.PageSize, "bce-page-size", c.PageSize, "maxKeys of BCE list calls (default 1000)")
+}
+
+func (c *Config) setDefaults() {
+	if c.Region == "" {
+		c.Region = "bj"
+	}
+	if c.Endpoint == "" {
+		c.Endpoint = "bcc." + c.Region + ".baidubce.com"
+	}
+	if c.Rate == 0 {
+		c.Rate = 10
+	}
+	if c.Burst == 0 {
+		c.Burst = 5
+	}
+	if c.ThrottleRetries == 0 {
+		c.ThrottleRetries = 3
+	}
+	if c.ThrottleBackoff == 0 {
+		c.ThrottleBackoff = 200 * time.Millisecond
+	}
+	if c.SDKRetries == 0 {
+		c.SDKRetries = 3
+	}
+	if c.SDKRetryBase == 0 {
+		c.SDKRetryBase = 300 * time.Millisecond
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 20 * time.Second
+	}
+	if c.PageSize == 0 {
+		c.PageSize = 1000
+	}
+}
+
+// Validate checks the config after defaults; it does not read credentials.
+func (c *Config) Validate() error {
+	d := *c
+	d.setDefaults()
+	var errs []error
+	if err := checkRate(d.Rate, d.Burst); err != nil {
+		errs = append(errs, err)
+	}
+	if d.PageSize < 1 || d.PageSize > 1000 {
+		errs = append(errs, fmt.Errorf("page size %d outside [1,1000]", d.PageSize))
+	}
+	if d.Timeout < time.Second {
+		errs = append(errs, fmt.Errorf("timeout %v below 1s", d.Timeout))
+	}
+	if d.ThrottleBackoff < 0 || d.SDKRetryBase < 0 || d.SDKRetries < 0 {
+		errs = append(errs, errors.New("backoffs and SDK retries must not be negative"))
+	}
+	if (d.AccessKeyID == "") != (d.SecretAccessKey == "") {
+		errs = append(errs, errors.New("give both access key ID and secret access key, or neither"))
+	}
+	if d.AccessKeyID == "" && d.CredentialsDir == "" {
+		errs = append(errs, errors.New("no credentials: set the access key flags or a credentials directory"))
+	}
+	if strings.ContainsAny(d.Endpoint, " \t\n") {
+		errs = append(errs, fmt.Errorf("endpoint %q contains whitespace", d.Endpoint))
+	}
+	return errors.Join(errs...)
+}
+
+// credentials returns the AK/SK from the config or the credentials
+// directory. Errors name files, never their contents.
+func (c *Config) credentials() (ak, sk string, err error) {
+	if c.AccessKeyID != "" {
+		return c.AccessKeyID, c.SecretAccessKey, nil
+	}
+	read := func(name string) (string, error) {
+		p := filepath.Join(c.CredentialsDir, name)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return "", fmt.Errorf("read credentials file %s: %w", p, err)
+		}
+		v := strings.TrimSpace(string(b))
+		if v == "" || strings.ContainsAny(v, " \t\r\n/") {
+			return "", fmt.Errorf("credentials file %s: empty or malformed", p)
+		}
+		return v, nil
+	}
+	if ak, err = read(AccessKeyIDFile); err != nil {
+		return "", "", err
+	}
+	if sk, err = read(SecretAccessKeyFile); err != nil {
+		return "", "", err
+	}
+	return ak, sk, nil
+}
+
+// LogValue keeps credentials out of structured logs.
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("endpoint", c.Endpoint), slog.String("region", c.Region),
+		slog.Bool("accessKeySet", c.AccessKeyID != ""), slog.String("credentialsDir", c.CredentialsDir),
+		slog.Float64("rate", c.Rate), slog.Int64("burst", c.Burst), slog.Int("pageSize", c.PageSize))
+}
+
+// String keeps credentials out of %v.
+func (c Config) String() string { return c.LogValue().String() }

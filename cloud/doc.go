@@ -1,0 +1,32 @@
+// Package cloud is the IPAM's only way to Baidu Cloud: a small Provider
+// interface (ENIs, their private IPs, subnets, instances) and Client, its
+// implementation over the unmodified bce-sdk-go v0.9.278. SDK types stay in
+// this package; callers see ENI, Subnet, Instance and *Error.
+//
+// A replica builds one Client at start-up:
+//
+//	var cfg cloud.Config
+//	cfg.RegisterFlags(pflag.CommandLine) // --bce-endpoint, --bce-credentials-dir, --bce-rate, ...
+//	pflag.Parse()
+//	c, err := cloud.New(cfg, logger, prometheus.DefaultRegisterer)
+//
+// and hands it to the IPAM as a cloud.Provider. Every call first takes a token
+// from one client-side bucket; the shard layer calls c.SetRate(share, burst)
+// whenever this replica's share of the global BCE budget changes. A call BCE
+// throttles (RateLimit) is retried after a jittered backoff, and each mutation
+// carries a fresh clientToken so the SDK's own retry after a 5xx cannot apply
+// it twice.
+//
+// Errors are *Error values classified by BCE's error code first (then HTTP
+// status, then the upstream's substrings), so callers branch with
+//
+//	if errors.Is(err, cloud.ErrSubnetHasNoMoreIP) { mark the subnet full }
+//	if errors.Is(err, cloud.ErrPrivateIPNotFound) { the release already happened }
+//
+// Credentials come from flags or a mounted Secret directory and never appear
+// in logs or errors. Metrics (calls by operation and result, latency, time
+// waiting for tokens, throttles, current rate) are registered on the
+// registerer passed to New.
+//
+// Sub-package bcesim simulates the BCE OpenAPI for tests and cmd/bce-sim.
+package cloud

@@ -1,0 +1,141 @@
+package cloud_test
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/cloud/bcesim"
+)
+
+const (
+	testAK   = "AKIDEXAMPLE0001"
+	testSK   = "SKEXAMPLEsecret0001"
+	testVPC  = "vpc-conf"
+	testZone = "cn-bj-a"
+)
+
+// fakeClock is a settable clock for the simulator's attach delay.
+type fakeClock struct{ ch chan time.Time }
+
+func newFakeClock(t time.Time) *fakeClock {
+	c := &fakeClock{ch: make(chan time.Time, 1)}
+	c.ch <- t
+	return c
+}
+func (c *fakeClock) Now() time.Time          { t := <-c.ch; c.ch <- t; return t }
+func (c *fakeClock) Advance(d time.Duration) { t := <-c.ch; c.ch <- t.Add(d) }
+
+// env is a started simulator plus a cloud.Client pointed at it.
+type env struct {
+	srv    *bcesim.Server
+	client *cloud.Client
+	reg    *prometheus.Registry
+	clock  *fakeClock
+	subnet string // 10.0.0.0/24
+	small  string // small subnet 10.0.1.0/28 (13 usable)
+	sg     string
+	// instances
+	i4g   string // 2 vCPU, 4 GB: 2 ENIs, 8 IPs per ENI
+	i128g string // 16 vCPU, 128 GB: 8 ENIs, 40 IPs per ENI
+}
+
+type envOpts struct {
+	sim    bcesim.Config
+	client cloud.Config
+}
+
+func newEnv(t *testing.T, o envOpts) *env {
+	t.Helper()
+	e := &env{clock: newFakeClock(time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC))}
+	cfg := o.sim
+	if cfg.Credentials == nil {
+		cfg.Credentials = map[string]string{testAK: testSK}
+	}
+	if cfg.Now == nil {
+		cfg.Now = e.clock.Now
+	}
+	srv, err := bcesim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	e.srv = srv
+	must := func(id string, err error) string {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	e.subnet = must(srv.AddSubnet(bcesim.SubnetSpec{ID: "sbn-main", ZoneName: testZone, CIDR: "10.0.0.0/24", VPCID: testVPC}))
+	e.small = must(srv.AddSubnet(bcesim.SubnetSpec{ID: "sbn-small", ZoneName: testZone, CIDR: "10.0.1.0/28", VPCID: testVPC}))
+	e.sg = must(srv.AddSecurityGroup(bcesim.SecurityGroupSpec{ID: "g-conf", VPCID: testVPC}))
+	e.i4g = must(srv.AddInstance(bcesim.InstanceSpec{ID: "i-4g", SubnetID: e.subnet, CPUCount: 2, MemoryGB: 4}))
+	e.i128g = must(srv.AddInstance(bcesim.InstanceSpec{ID: "i-128g", SubnetID: e.subnet, CPUCount: 16, MemoryGB: 128}))
+
+	cc := o.client
+	cc.Endpoint = srv.URL()
+	if cc.AccessKeyID == "" && cc.CredentialsDir == "" {
+		cc.AccessKeyID, cc.SecretAccessKey = testAK, testSK
+	}
+	if cc.Rate == 0 {
+		cc.Rate, cc.Burst = 1e6, 1e6
+	}
+	if cc.SDKRetryBase == 0 {
+		cc.SDKRetryBase = time.Millisecond // keep the SDK's retries of 5xx fast
+	}
+	if cc.ThrottleBackoff == 0 {
+		cc.ThrottleBackoff = time.Millisecond
+	}
+	e.reg = prometheus.NewRegistry()
+	cl, err := cloud.New(cc, slog.New(slog.DiscardHandler), e.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	e.client = cl
+	return e
+}
+
+// metricValue reads one counter, gauge or histogram count from reg; labels
+// are given as name, value pairs. It returns 0 when the series is absent.
+func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for i := 0; i+1 < len(labels); i += 2 {
+				if have[labels[i]] != labels[i+1] {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return 0
+}

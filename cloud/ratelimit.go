@@ -1,0 +1,83 @@
+package cloud
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/juju/ratelimit"
+)
+
+// Limiter is the client-side token bucket every cloud call takes a token
+// from. Its rate and burst can change at run time: the shard layer hands each
+// replica its share of the cluster-wide BCE budget and calls SetRate when the
+// share changes. It is safe for concurrent use.
+type Limiter struct {
+	mu     sync.Mutex
+	bucket *ratelimit.Bucket
+	rate   float64
+	burst  int64
+}
+
+// NewLimiter returns a full bucket of burst tokens refilled at rate per second.
+func NewLimiter(rate float64, burst int64) (*Limiter, error) {
+	if err := checkRate(rate, burst); err != nil {
+		return nil, err
+	}
+	return &Limiter{bucket: ratelimit.NewBucketWithRate(rate, burst), rate: rate, burst: burst}, nil
+}
+
+func checkRate(rate float64, burst int64) error {
+	if !(rate > 0) || math.IsInf(rate, 0) || rate > 1e9 || burst < 1 {
+		return fmt.Errorf("rate limit %v/s burst %d: want 0 < rate <= 1e9 and burst >= 1", rate, burst)
+	}
+	return nil
+}
+
+// SetRate replaces rate and burst. Tokens already spent stay spent: the new
+// bucket starts with the old one's balance (capped at the new burst, and
+// including the debt of callers still waiting), so changing the rate cannot
+// mint a fresh burst.
+func (l *Limiter) SetRate(rate float64, burst int64) error {
+	if err := checkRate(rate, burst); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	avail := l.bucket.Available()
+	nb := ratelimit.NewBucketWithRate(rate, burst)
+	if debt := burst - min(avail, burst); debt > 0 {
+		nb.Take(debt)
+	}
+	l.bucket, l.rate, l.burst = nb, rate, burst
+	return nil
+}
+
+// Rate returns the current rate and burst.
+func (l *Limiter) Rate() (float64, int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rate, l.burst
+}
+
+// Wait takes one token, waiting for it unless ctx ends first. It returns
+// how long it waited.
+func (l *Limiter) Wait(ctx context.Context) (time.Duration, error) {
+	l.mu.Lock()
+	d := l.bucket.Take(1)
+	l.mu.Unlock()
+	if d <= 0 {
+		return 0, nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	start := time.Now()
+	select {
+	case <-t.C:
+		return d, nil
+	case <-ctx.Done():
+		return time.Since(start), ctx.Err()
+	}
+}

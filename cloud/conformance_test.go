@@ -156,7 +156,7 @@ func TestConformance_PaginationAcrossPages(t *testing.T) {
 	for i := range 5 {
 		mine = append(mine, createENI(t, e, fmt.Sprintf("c-1/i-x/node%d/00000%d", i, i), e.subnet))
 	}
-	createENI(t, e, "c-2/i-y/other/000000", e.subnet) // another cluster's ENI
+	createENI(t, e, "c-2/i-y/other/000000", e.subnet)  // another cluster's ENI
 	createENI(t, e, "xc-1/i-z/other/000000", e.subnet) // contains "c-1/" but does not start with it
 
 	before := e.srv.Stats().Ops[bcesim.OpListENIs].Calls

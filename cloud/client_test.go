@@ -1,0 +1,82 @@
+package cloud_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+
+	"github.com/cce-ipam/sharded/cloud"
+)
+
+func TestClient_SetRateAndWaitMetrics(t *testing.T) {
+	e := newEnv(t, envOpts{client: cloud.Config{Rate: 1000, Burst: 1}})
+	for range 3 {
+		if _, err := e.client.GetInstance(context.Background(), e.i4g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := metricValue(t, e.reg, "cce_ipam_cloud_api_ratelimit_wait_seconds", "operation", "GetInstance"); n != 3 {
+		t.Fatalf("wait histogram has %v samples, want 3", n)
+	}
+	if n := metricValue(t, e.reg, "cce_ipam_cloud_api_duration_seconds", "operation", "GetInstance"); n != 3 {
+		t.Fatalf("latency histogram has %v samples, want 3", n)
+	}
+	if r := metricValue(t, e.reg, "cce_ipam_cloud_api_ratelimit_rate"); r != 1000 {
+		t.Fatalf("rate gauge = %v, want 1000", r)
+	}
+	if err := e.client.SetRate(2.5, 7); err != nil {
+		t.Fatal(err)
+	}
+	if r, b := metricValue(t, e.reg, "cce_ipam_cloud_api_ratelimit_rate"), metricValue(t, e.reg, "cce_ipam_cloud_api_ratelimit_burst"); r != 2.5 || b != 7 {
+		t.Fatalf("gauges after SetRate = %v, %v", r, b)
+	}
+	if err := e.client.SetRate(-1, 7); err == nil {
+		t.Fatal("negative rate accepted")
+	}
+	if r, b := e.client.Rate(); r != 2.5 || b != 7 {
+		t.Fatalf("Rate() = %v, %v after a rejected SetRate", r, b)
+	}
+}
+
+func TestConfig_ValidateAndRedact(t *testing.T) {
+	bad := []cloud.Config{
+		{},                  // no credentials
+		{AccessKeyID: "ak"}, // half a key pair
+		{AccessKeyID: "ak", SecretAccessKey: "sk", Rate: -1},
+		{AccessKeyID: "ak", SecretAccessKey: "sk", PageSize: 1001},
+		{AccessKeyID: "ak", SecretAccessKey: "sk", Timeout: 1},
+		{AccessKeyID: "ak", SecretAccessKey: "sk", Endpoint: "bad host"},
+	}
+	for i, c := range bad {
+		if err := c.Validate(); err == nil {
+			t.Errorf("config %d accepted: %v", i, c)
+		}
+	}
+	good := cloud.Config{AccessKeyID: "AK-visible-nowhere", SecretAccessKey: "SK-visible-nowhere"}
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	slog.New(slog.NewJSONHandler(&buf, nil)).Info("start", "cloud", good)
+	out := buf.String() + fmt.Sprint(good) + fmt.Sprintf("%+v", good)
+	if strings.Contains(out, "visible-nowhere") {
+		t.Fatalf("credentials leaked: %s", out)
+	}
+}
+
+func TestConfig_RegisterFlags(t *testing.T) {
+	var c cloud.Config
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if err := fs.Parse([]string{"--bce-endpoint=127.0.0.1:9", "--bce-rate=3.5", "--bce-burst=4", "--bce-credentials-dir=/secret"}); err != nil {
+		t.Fatal(err)
+	}
+	if c.Endpoint != "127.0.0.1:9" || c.Rate != 3.5 || c.Burst != 4 || c.CredentialsDir != "/secret" {
+		t.Fatalf("parsed %+v", c)
+	}
+}

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cce-ipam/sharded/cloud/bcesim"
+)
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func TestRun_ServesPrintsAddressAndStops(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	outR, outW := io.Pipe()
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--credential", "ak:sk", "--subnet", "sbn-1,cn-bj-a,10.0.0.0/24",
+			"--instance", "i-1,sbn-1,4,16", "--instances", "3", "--instance-subnet", "sbn-1", "--rate-limit", "ListENIs=0:0"}, outW, &logs)
+		outW.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	addr, err := bufio.NewReader(outR).ReadString('\n')
+	if err != nil {
+		t.Fatalf("no address printed: %v (logs: %s)", err, logs.String())
+	}
+	go io.Copy(io.Discard, outR)
+	resp, err := http.Get("http://" + strings.TrimSpace(addr) + "/admin/world")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var d bcesim.WorldDump
+	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Subnets) != 1 || len(d.Instances) != 4 || d.Subnets[0].AvailableIP != 256-3-4 {
+		t.Fatalf("world = %d subnets, %d instances, availableIp %d", len(d.Subnets), len(d.Instances), d.Subnets[0].AvailableIP)
+	}
+	resp2, err := http.Get("http://" + strings.TrimSpace(addr) + "/admin/ratelimits")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp2.Body.Close()
+	var rl map[string]bcesim.RateLimit
+	json.NewDecoder(resp2.Body).Decode(&rl)
+	if _, limited := rl["ListENIs"]; limited || rl["DeleteENI"].QPS != 1 {
+		t.Fatalf("rate limits = %v: want defaults with ListENIs lifted", rl)
+	}
+}
+
+func TestRun_RejectsBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--listen", "127.0.0.1:0"}, // no credentials
+		{"--credential", "nocolon"},
+		{"--credential", "a:b", "--subnet", "sbn-1,zone"},
+		{"--credential", "a:b", "--instance", "i-1,sbn-none,2,4"},
+		{"--credential", "a:b", "--rate-limit", "ListENIs=fast"},
+		{"--credential", "a:b", "--rate-limit", "NoSuchOp=1:1"},
+		{"--credential", "a:b", "--page-size", "5000"},
+		{"--credential", "a:b", "--log-format", "xml"},
+		{"--no-such-flag"},
+	} {
+		var out, logs syncBuffer
+		if err := run(context.Background(), args, &out, &logs); err == nil {
+			t.Errorf("run(%q) succeeded", args)
+		}
+	}
+}

@@ -1,0 +1,19 @@
+// Package cni serves rpc.CNIBackend, the gRPC service the CNI plugin on every
+// node calls for a pod's IP, in front of whatever allocates (a Backend).
+//
+// It owns only what is the same for every request: decoding and validating
+// the request into a PodRef (clear errors, nothing reaches the Backend on bad
+// input), a hard per-request deadline, bounded concurrency with an immediate
+// "busy, retry" answer instead of a queue that grows under a storm of pod
+// starts, the wire shape of replies, and request metrics. Allocation itself —
+// the datastore, the WorkloadEndpoint commit, forwarding to a node's owner —
+// lives behind Backend.
+//
+//	srv := cni.NewServer(cni.Config{}, backend, logger, prometheus.NewRegistry())
+//	rpc.RegisterCNIBackendServer(grpcServer, srv)
+//
+// Failures travel as IsSuccess=false with ErrMsg, never as gRPC status errors:
+// the reference CNI plugin only reads IsSuccess. Allocations and releases have
+// separate concurrency limits (the reference counted allocations against the
+// release limit too, so a burst of ADDs could starve DELs that free IPs).
+package cni

@@ -1,0 +1,212 @@
+package cni
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+// Endpoint is a pod's network assignment as the CNI plugin sees it; the
+// Backend fills it from the pod's WorkloadEndpoint.
+type Endpoint struct {
+	IP                string
+	Type              string
+	MAC               string
+	Gateway           string
+	ENIID             string
+	Node              string
+	SubnetID          string
+	EnableFixIP       string
+	FixIPDeletePolicy string
+}
+
+// Backend allocates and releases. Every method is called concurrently, with a
+// context that carries the request deadline, and must be idempotent for the
+// same PodRef: kubelet retries ADD and DEL.
+type Backend interface {
+	// Allocate returns the pod's IP, assigning one if it has none. A repeated
+	// ADD for the same sandbox returns the same IP.
+	Allocate(ctx context.Context, pod PodRef) (Endpoint, error)
+	// Release frees the pod's IP. It returns ok=false, and no error, when
+	// there is nothing to free (an unknown pod, or a DEL whose container ID
+	// is not the current sandbox's): DEL must succeed then.
+	Release(ctx context.Context, pod PodRef) (ep Endpoint, ok bool, err error)
+	// Check returns the pod's current assignment, ok=false if it has none.
+	Check(ctx context.Context, pod PodRef) (ep Endpoint, ok bool, err error)
+}
+
+// Config holds the service's limits.
+type Config struct {
+	// AllocateConcurrency bounds allocations in flight. Defaults to 20.
+	AllocateConcurrency int
+	// ReleaseConcurrency bounds releases in flight. Defaults to 30.
+	ReleaseConcurrency int
+	// RequestTimeout is the hard deadline of one call. Defaults to 30s,
+	// below kubelet's own CNI timeout so that our error, not a cancelled
+	// sandbox, reaches the pod's events.
+	RequestTimeout time.Duration
+}
+
+// RegisterFlags binds the config to command-line flags.
+func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
+	fs.IntVar(&c.AllocateConcurrency, "allocate-ip-concurrency-limit", 20, "maximum AllocateIP calls in flight; more are answered at once with a retryable \"busy\" error")
+	fs.IntVar(&c.ReleaseConcurrency, "release-ip-concurrency-limit", 30, "maximum ReleaseIP calls in flight; more are answered at once with a retryable \"busy\" error")
+	fs.DurationVar(&c.RequestTimeout, "cni-request-timeout", 30*time.Second, "hard deadline of one CNI call")
+}
+
+// Validate reports a config that cannot work.
+func (c *Config) Validate() error {
+	if c.AllocateConcurrency < 0 || c.ReleaseConcurrency < 0 || c.RequestTimeout < 0 {
+		return errors.New("cni: concurrency limits and request timeout must not be negative")
+	}
+	return nil
+}
+
+func (c *Config) defaults() {
+	if c.AllocateConcurrency == 0 {
+		c.AllocateConcurrency = 20
+	}
+	if c.ReleaseConcurrency == 0 {
+		c.ReleaseConcurrency = 30
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = 30 * time.Second
+	}
+}
+
+// BusyMessage starts the ErrMsg of a call refused because too many are in
+// flight. It keeps the reference's wording, which operators grep for.
+const BusyMessage = "QPS exceed limit, wait another try"
+
+// Server implements rpc.CNIBackendServer over a Backend.
+type Server struct {
+	rpc.UnimplementedCNIBackendServer
+
+	cfg      Config
+	backend  Backend
+	log      *slog.Logger
+	metrics  *metrics
+	allocate chan struct{} // semaphore of in-flight allocations
+	release  chan struct{} // semaphore of in-flight releases and checks
+}
+
+// NewServer builds the service. A nil registerer disables metrics.
+func NewServer(cfg Config, backend Backend, log *slog.Logger, reg prometheus.Registerer) *Server {
+	cfg.defaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{
+		cfg:      cfg,
+		backend:  backend,
+		log:      log,
+		metrics:  newMetrics(reg),
+		allocate: make(chan struct{}, cfg.AllocateConcurrency),
+		release:  make(chan struct{}, cfg.ReleaseConcurrency),
+	}
+}
+
+// AllocateIP implements rpc.CNIBackendServer.
+func (s *Server) AllocateIP(ctx context.Context, req *rpc.AllocateIPRequest) (*rpc.AllocateIPReply, error) {
+	reply := &rpc.AllocateIPReply{IPType: rpc.IPType_BCCMultiENIMultiIPType}
+	ep, _, err := s.serve(ctx, methodAllocate, s.allocate, req, req.GetIPType(),
+		func(ctx context.Context, pod PodRef) (Endpoint, bool, error) {
+			ep, err := s.backend.Allocate(ctx, pod)
+			return ep, err == nil, err
+		})
+	if err != nil {
+		reply.ErrMsg = err.Error()
+		return reply, nil
+	}
+	reply.IsSuccess = true
+	reply.NetworkInfo = &rpc.AllocateIPReply_ENIMultiIP{ENIMultiIP: toWire(ep)}
+	return reply, nil
+}
+
+// ReleaseIP implements rpc.CNIBackendServer.
+func (s *Server) ReleaseIP(ctx context.Context, req *rpc.ReleaseIPRequest) (*rpc.ReleaseIPReply, error) {
+	reply := &rpc.ReleaseIPReply{IPType: rpc.IPType_BCCMultiENIMultiIPType}
+	ep, ok, err := s.serve(ctx, methodRelease, s.release, req, req.GetIPType(), s.backend.Release)
+	if err != nil {
+		reply.ErrMsg = err.Error()
+		return reply, nil
+	}
+	reply.IsSuccess = true
+	if ok {
+		reply.NetworkInfo = &rpc.ReleaseIPReply_ENIMultiIP{ENIMultiIP: toWire(ep)}
+	}
+	return reply, nil
+}
+
+// CheckIP implements rpc.CNIBackendServer. It answers truthfully: success with
+// the current assignment, or IsSuccess=false when the pod holds no IP.
+func (s *Server) CheckIP(ctx context.Context, req *rpc.CheckIPRequest) (*rpc.CheckIPReply, error) {
+	reply := &rpc.CheckIPReply{IPType: rpc.IPType_BCCMultiENIMultiIPType}
+	ep, ok, err := s.serve(ctx, methodCheck, s.release, req, rpc.IPType_BCCMultiENIMultiIPType, s.backend.Check)
+	switch {
+	case err != nil:
+		reply.ErrMsg = err.Error()
+	case !ok:
+		reply.ErrMsg = "pod holds no IP"
+	default:
+		reply.IsSuccess = true
+		reply.NetworkInfo = &rpc.CheckIPReply_ENIMultiIP{ENIMultiIP: toWire(ep)}
+	}
+	return reply, nil
+}
+
+type call func(ctx context.Context, pod PodRef) (Endpoint, bool, error)
+
+// serve is the shared path of every method: validate, take a slot or refuse,
+// run the backend under the deadline, record the outcome.
+func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, req podRequest, ipType rpc.IPType, fn call) (Endpoint, bool, error) {
+	start := time.Now()
+	pod, err := decode(req, ipType)
+	if err != nil {
+		s.metrics.observe(method, resultInvalid, start)
+		s.log.Warn("rejected CNI request", "method", method, "err", err)
+		return Endpoint{}, false, err
+	}
+	select {
+	case slots <- struct{}{}:
+		defer func() { <-slots }()
+	default:
+		s.metrics.observe(method, resultBusy, start)
+		return Endpoint{}, false, fmt.Errorf("%s: %d %s calls in flight", BusyMessage, cap(slots), method)
+	}
+	s.metrics.inflight.WithLabelValues(method).Inc()
+	defer s.metrics.inflight.WithLabelValues(method).Dec()
+
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	ep, ok, err := fn(ctx, pod)
+	if err != nil {
+		s.metrics.observe(method, resultError, start)
+		s.log.Warn("CNI call failed", "method", method, "pod", pod.String(), "err", err, "duration", time.Since(start))
+		return Endpoint{}, false, fmt.Errorf("%s %s: %w", method, pod, err)
+	}
+	s.metrics.observe(method, resultOK, start)
+	s.log.Debug("CNI call served", "method", method, "pod", pod.String(), "ip", ep.IP, "duration", time.Since(start))
+	return ep, ok, nil
+}
+
+func toWire(ep Endpoint) *rpc.ENIMultiIPReply {
+	return &rpc.ENIMultiIPReply{
+		IP:                ep.IP,
+		Type:              ep.Type,
+		Mac:               ep.MAC,
+		Gw:                ep.Gateway,
+		ENIID:             ep.ENIID,
+		Node:              ep.Node,
+		SubnetID:          ep.SubnetID,
+		EnableFixIP:       ep.EnableFixIP,
+		FixIPDeletePolicy: ep.FixIPDeletePolicy,
+	}
+}

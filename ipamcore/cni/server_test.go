@@ -1,0 +1,278 @@
+package cni
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+// recordingBackend is a narrow stand-in: these tests cover the service's own
+// job (validation, limits, deadlines, wire shape), not allocation.
+type recordingBackend struct {
+	mu       sync.Mutex
+	calls    []PodRef
+	allocate func(ctx context.Context, pod PodRef) (Endpoint, error)
+	release  func(ctx context.Context, pod PodRef) (Endpoint, bool, error)
+}
+
+func (b *recordingBackend) record(pod PodRef) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls = append(b.calls, pod)
+}
+
+func (b *recordingBackend) Calls() []PodRef {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]PodRef(nil), b.calls...)
+}
+
+func (b *recordingBackend) Allocate(ctx context.Context, pod PodRef) (Endpoint, error) {
+	b.record(pod)
+	if b.allocate != nil {
+		return b.allocate(ctx, pod)
+	}
+	return Endpoint{IP: "10.0.0.5", ENIID: "eni-1", MAC: "fa:16:3e:00:00:01", Node: "node-1", SubnetID: "sbn-1"}, nil
+}
+
+func (b *recordingBackend) Release(ctx context.Context, pod PodRef) (Endpoint, bool, error) {
+	b.record(pod)
+	if b.release != nil {
+		return b.release(ctx, pod)
+	}
+	return Endpoint{}, false, nil
+}
+
+func (b *recordingBackend) Check(ctx context.Context, pod PodRef) (Endpoint, bool, error) {
+	b.record(pod)
+	if pod.Name == "known" {
+		return Endpoint{IP: "10.0.0.9"}, true, nil
+	}
+	return Endpoint{}, false, nil
+}
+
+// serve starts the service on a real gRPC server on 127.0.0.1.
+func serve(t *testing.T, cfg Config, b Backend, reg prometheus.Registerer) rpc.CNIBackendClient {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	rpc.RegisterCNIBackendServer(gs, NewServer(cfg, b, nil, reg))
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return rpc.NewCNIBackendClient(conn)
+}
+
+func allocReq(ns, name, id string) *rpc.AllocateIPRequest {
+	return &rpc.AllocateIPRequest{K8SPodNamespace: ns, K8SPodName: name, K8SPodInfraContainerID: id}
+}
+
+func TestServer_AllocateIP_Success(t *testing.T) {
+	b := &recordingBackend{}
+	c := serve(t, Config{}, b, nil)
+	req := allocReq("default", "web-0", "abc123")
+	req.K8SNodeName = "node-1"
+	reply, err := c.AllocateIP(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reply.IsSuccess || reply.GetENIMultiIP().GetIP() != "10.0.0.5" || reply.GetENIMultiIP().GetENIID() != "eni-1" {
+		t.Fatalf("reply = %v, want success with 10.0.0.5 on eni-1", reply)
+	}
+	want := PodRef{Namespace: "default", Name: "web-0", ContainerID: "abc123", Node: "node-1"}
+	if calls := b.Calls(); len(calls) != 1 || calls[0] != want {
+		t.Fatalf("backend calls = %v, want [%v]", calls, want)
+	}
+}
+
+func TestServer_AllocateIP_InvalidRequests(t *testing.T) {
+	cases := []struct {
+		name    string
+		req     *rpc.AllocateIPRequest
+		wantMsg string
+	}{
+		{"empty", &rpc.AllocateIPRequest{}, "pod namespace"},
+		{"no name", allocReq("default", "", "id"), "pod name"},
+		{"bad namespace", allocReq("Default_NS", "p", "id"), "pod namespace"},
+		{"bad name", allocReq("default", "p/../x", "id"), "pod name"},
+		{"no container", allocReq("default", "p", ""), "container ID is empty"},
+		{"long container", allocReq("default", "p", strings.Repeat("a", 300)), "bytes long"},
+		{"space in container", allocReq("default", "p", "ab cd"), "non-printable or space"},
+		{"control char", allocReq("default", "p", "ab\x01cd"), "non-printable or space"},
+		{"bad node", &rpc.AllocateIPRequest{K8SPodNamespace: "default", K8SPodName: "p", K8SPodInfraContainerID: "id", K8SNodeName: "Node_1"}, "node name"},
+		{"bbc", &rpc.AllocateIPRequest{K8SPodNamespace: "default", K8SPodName: "p", K8SPodInfraContainerID: "id", IPType: rpc.IPType_BBCPrimaryENIMultiIPType}, "unsupported IP type"},
+		{"crossvpc", &rpc.AllocateIPRequest{K8SPodNamespace: "default", K8SPodName: "p", K8SPodInfraContainerID: "id", IPType: rpc.IPType_CrossVPCENIIPType}, "unsupported IP type"},
+	}
+	b := &recordingBackend{}
+	reg := prometheus.NewRegistry()
+	c := serve(t, Config{}, b, reg)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			reply, err := c.AllocateIP(context.Background(), tc.req)
+			if err != nil {
+				t.Fatalf("gRPC error %v; failures must travel as IsSuccess=false", err)
+			}
+			if reply.IsSuccess || !strings.Contains(reply.ErrMsg, tc.wantMsg) {
+				t.Fatalf("reply = %v, want failure mentioning %q", reply, tc.wantMsg)
+			}
+		})
+	}
+	if calls := b.Calls(); len(calls) != 0 {
+		t.Fatalf("backend saw invalid requests: %v", calls)
+	}
+	m := newMetricsForRead(t, reg)
+	if got := m("AllocateIP", resultInvalid); got != float64(len(cases)) {
+		t.Fatalf("invalid counter = %v, want %d", got, len(cases))
+	}
+}
+
+// An IP type the reference does not know is served as BCC, as it does.
+func TestServer_AllocateIP_UnknownIPTypeIsBCC(t *testing.T) {
+	b := &recordingBackend{}
+	c := serve(t, Config{}, b, nil)
+	req := allocReq("default", "p", "id")
+	req.IPType = rpc.IPType(99)
+	reply, err := c.AllocateIP(context.Background(), req)
+	if err != nil || !reply.IsSuccess {
+		t.Fatalf("reply = %v, err %v; want success", reply, err)
+	}
+}
+
+func TestServer_AllocateIP_BusyAnswersAtOnce(t *testing.T) {
+	entered := make(chan struct{})
+	unblock := make(chan struct{})
+	b := &recordingBackend{allocate: func(ctx context.Context, pod PodRef) (Endpoint, error) {
+		entered <- struct{}{}
+		<-unblock
+		return Endpoint{IP: "10.0.0.1"}, nil
+	}}
+	reg := prometheus.NewRegistry()
+	c := serve(t, Config{AllocateConcurrency: 1, ReleaseConcurrency: 1}, b, reg)
+
+	first := make(chan *rpc.AllocateIPReply, 1)
+	go func() {
+		r, _ := c.AllocateIP(context.Background(), allocReq("default", "a", "1"))
+		first <- r
+	}()
+	<-entered
+	reply, err := c.AllocateIP(context.Background(), allocReq("default", "b", "2"))
+	if err != nil || reply.IsSuccess || !strings.HasPrefix(reply.ErrMsg, BusyMessage) {
+		t.Fatalf("second allocation = %v, err %v; want %q", reply, err, BusyMessage)
+	}
+	// Allocations must not use up the release slots (the reference's bug).
+	rel, err := c.ReleaseIP(context.Background(), &rpc.ReleaseIPRequest{K8SPodNamespace: "default", K8SPodName: "c", K8SPodInfraContainerID: "3"})
+	if err != nil || !rel.IsSuccess {
+		t.Fatalf("release during a full allocation limit = %v, err %v; want success", rel, err)
+	}
+	close(unblock)
+	if r := <-first; !r.IsSuccess {
+		t.Fatalf("first allocation = %v, want success", r)
+	}
+	if got := newMetricsForRead(t, reg)("AllocateIP", resultBusy); got != 1 {
+		t.Fatalf("busy counter = %v, want 1", got)
+	}
+}
+
+func TestServer_AllocateIP_Deadline(t *testing.T) {
+	b := &recordingBackend{allocate: func(ctx context.Context, pod PodRef) (Endpoint, error) {
+		<-ctx.Done()
+		return Endpoint{}, ctx.Err()
+	}}
+	c := serve(t, Config{RequestTimeout: 20 * time.Millisecond}, b, nil)
+	reply, err := c.AllocateIP(context.Background(), allocReq("default", "slow", "1"))
+	if err != nil || reply.IsSuccess || !strings.Contains(reply.ErrMsg, context.DeadlineExceeded.Error()) {
+		t.Fatalf("reply = %v, err %v; want a deadline failure", reply, err)
+	}
+}
+
+func TestServer_AllocateIP_BackendErrorNamesPod(t *testing.T) {
+	b := &recordingBackend{allocate: func(ctx context.Context, pod PodRef) (Endpoint, error) {
+		return Endpoint{}, errors.New("subnet sbn-1 has no more IP")
+	}}
+	c := serve(t, Config{}, b, nil)
+	reply, _ := c.AllocateIP(context.Background(), allocReq("team", "api-7", "0123456789abcdef"))
+	if reply.IsSuccess || !strings.Contains(reply.ErrMsg, "team/api-7") || !strings.Contains(reply.ErrMsg, "no more IP") {
+		t.Fatalf("ErrMsg = %q, want the pod and the cause", reply.ErrMsg)
+	}
+}
+
+func TestServer_ReleaseIP(t *testing.T) {
+	b := &recordingBackend{release: func(ctx context.Context, pod PodRef) (Endpoint, bool, error) {
+		if pod.Name == "held" {
+			return Endpoint{IP: "10.0.0.7"}, true, nil
+		}
+		return Endpoint{}, false, nil
+	}}
+	c := serve(t, Config{}, b, nil)
+	held, err := c.ReleaseIP(context.Background(), &rpc.ReleaseIPRequest{K8SPodNamespace: "default", K8SPodName: "held", K8SPodInfraContainerID: "1"})
+	if err != nil || !held.IsSuccess || held.GetENIMultiIP().GetIP() != "10.0.0.7" {
+		t.Fatalf("release of a held IP = %v, err %v", held, err)
+	}
+	unknown, err := c.ReleaseIP(context.Background(), &rpc.ReleaseIPRequest{K8SPodNamespace: "default", K8SPodName: "gone", K8SPodInfraContainerID: "1"})
+	if err != nil || !unknown.IsSuccess || unknown.GetENIMultiIP() != nil {
+		t.Fatalf("release of an unknown pod = %v, err %v; want success without payload", unknown, err)
+	}
+}
+
+func TestServer_CheckIP_IsTruthful(t *testing.T) {
+	c := serve(t, Config{}, &recordingBackend{}, nil)
+	known, _ := c.CheckIP(context.Background(), &rpc.CheckIPRequest{K8SPodNamespace: "default", K8SPodName: "known", K8SPodInfraContainerID: "1"})
+	if !known.IsSuccess || known.GetENIMultiIP().GetIP() != "10.0.0.9" {
+		t.Fatalf("check of a pod with an IP = %v", known)
+	}
+	none, _ := c.CheckIP(context.Background(), &rpc.CheckIPRequest{K8SPodNamespace: "default", K8SPodName: "other", K8SPodInfraContainerID: "1"})
+	if none.IsSuccess {
+		t.Fatalf("check of a pod without an IP = %v, want failure", none)
+	}
+}
+
+func TestConfig_Validate(t *testing.T) {
+	if err := (&Config{AllocateConcurrency: -1}).Validate(); err == nil {
+		t.Fatal("negative concurrency accepted")
+	}
+	if err := (&Config{}).Validate(); err != nil {
+		t.Fatalf("zero config (defaults) rejected: %v", err)
+	}
+}
+
+func newMetricsForRead(t *testing.T, reg *prometheus.Registry) func(method, result string) float64 {
+	t.Helper()
+	return func(method, result string) float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "cce_ipam_cni_requests_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["method"] == method && labels["result"] == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+		return 0
+	}
+}

@@ -1,0 +1,118 @@
+package cni
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+// PodRef identifies the pod sandbox a CNI call is about.
+type PodRef struct {
+	Namespace string
+	Name      string
+	// ContainerID is the infra (sandbox) container ID. It guards release: a
+	// DEL carrying an older sandbox's ID must not free a newer sandbox's IP.
+	ContainerID string
+	// Node is the node the plugin runs on, when the plugin sends it; the
+	// Backend reads the authoritative node from the pod.
+	Node string
+}
+
+func (p PodRef) String() string {
+	return p.Namespace + "/" + p.Name + " (" + shortID(p.ContainerID) + ")"
+}
+
+// ErrInvalidRequest marks requests rejected before reaching the Backend.
+var ErrInvalidRequest = errors.New("invalid request")
+
+// ErrUnsupportedIPType is returned for IP types that cce-ipam does not serve
+// (BBC, cross-VPC ENI, RoCE, ERI): those have their own IPAMs.
+var ErrUnsupportedIPType = errors.New("unsupported IP type")
+
+// maxContainerIDLen bounds the infra container ID: runtimes use 64 hex
+// characters; anything far longer is not a container ID.
+const maxContainerIDLen = 256
+
+// podRequest is the part every request message shares.
+type podRequest interface {
+	GetK8SPodName() string
+	GetK8SPodNamespace() string
+	GetK8SPodInfraContainerID() string
+	GetK8SNodeName() string
+}
+
+// decode validates a request and turns it into a PodRef. Unknown IP types are
+// served as BCC, as the reference does, since older plugins send 0 or garbage.
+func decode(req podRequest, ipType rpc.IPType) (PodRef, error) {
+	if req == nil {
+		return PodRef{}, fmt.Errorf("%w: empty request", ErrInvalidRequest)
+	}
+	switch ipType {
+	case rpc.IPType_BBCPrimaryENIMultiIPType, rpc.IPType_CrossVPCENIIPType,
+		rpc.IPType_RoCEENIMultiIPType, rpc.IPType_ERIENIMultiIPType:
+		return PodRef{}, fmt.Errorf("%w %s: cce-ipam serves BCC pods only", ErrUnsupportedIPType, ipType)
+	}
+	ref := PodRef{
+		Namespace:   req.GetK8SPodNamespace(),
+		Name:        req.GetK8SPodName(),
+		ContainerID: req.GetK8SPodInfraContainerID(),
+		Node:        req.GetK8SNodeName(),
+	}
+	if msgs := validation.IsDNS1123Label(ref.Namespace); len(msgs) > 0 {
+		return PodRef{}, fmt.Errorf("%w: pod namespace %q: %s", ErrInvalidRequest, clip(ref.Namespace), strings.Join(msgs, "; "))
+	}
+	if msgs := validation.IsDNS1123Subdomain(ref.Name); len(msgs) > 0 {
+		return PodRef{}, fmt.Errorf("%w: pod name %q: %s", ErrInvalidRequest, clip(ref.Name), strings.Join(msgs, "; "))
+	}
+	if err := validateContainerID(ref.ContainerID); err != nil {
+		return PodRef{}, err
+	}
+	if ref.Node != "" {
+		if msgs := validation.IsDNS1123Subdomain(ref.Node); len(msgs) > 0 {
+			return PodRef{}, fmt.Errorf("%w: node name %q: %s", ErrInvalidRequest, clip(ref.Node), strings.Join(msgs, "; "))
+		}
+	}
+	return ref, nil
+}
+
+func validateContainerID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: infra container ID is empty", ErrInvalidRequest)
+	case len(id) > maxContainerIDLen:
+		return fmt.Errorf("%w: infra container ID is %d bytes long (max %d)", ErrInvalidRequest, len(id), maxContainerIDLen)
+	}
+	for _, r := range id {
+		if r == unicode.ReplacementChar || unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			return fmt.Errorf("%w: infra container ID %q has a non-printable or space character", ErrInvalidRequest, clip(id))
+		}
+	}
+	return nil
+}
+
+// clip keeps error messages short when a client sends megabytes of garbage.
+// It cuts on a rune boundary: a reply with invalid UTF-8 cannot be marshalled.
+func clip(s string) string {
+	const max = 64
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}

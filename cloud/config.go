@@ -44,7 +44,8 @@ type Config struct {
 	// wait is base × [1,6), as upstream. Default 200ms.
 	ThrottleBackoff time.Duration
 	// SDKRetries and SDKRetryBase configure the SDK's own retry of 5xx and
-	// transport errors (delay base·2^n, capped at 20 s). Default 3 and 300ms.
+	// transport errors (delay base·2^n, capped at 20 s). Default 3 and 300ms;
+	// negative SDKRetries disables the SDK's retries.
 	SDKRetries   int
 	SDKRetryBase time.Duration
 	// Timeout bounds one HTTP attempt. Default 20s; at least 1s (the SDK
@@ -65,7 +66,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&c.Burst, "bce-burst", c.Burst, "client-side BCE API burst (default 5)")
 	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", c.ThrottleRetries, "retries of a call BCE answered with RateLimit (default 3, negative disables)")
 	fs.DurationVar(&c.ThrottleBackoff, "bce-throttle-backoff", c.ThrottleBackoff, "base of the jittered backoff after RateLimit (default 200ms)")
-	fs.IntVar(&c.SDKRetries, "bce-sdk-retries", c.SDKRetries, "SDK retries of 5xx and transport errors (default 3)")
+	fs.IntVar(&c.SDKRetries, "bce-sdk-retries", c.SDKRetries, "SDK retries of 5xx and transport errors (default 3, negative disables)")
 	fs.DurationVar(&c.SDKRetryBase, "bce-sdk-retry-base", c.SDKRetryBase, "base delay of the SDK's exponential retry (default 300ms)")
 	fs.DurationVar(&c.Timeout, "bce-timeout", c.Timeout, "timeout of one BCE HTTP attempt (default 20s)")
 	fs.IntVar(&c.PageSize, "bce-page-size", c.PageSize, "maxKeys of BCE list calls (default 1000)")
@@ -118,8 +119,8 @@ func (c *Config) Validate() error {
 	if d.Timeout < time.Second {
 		errs = append(errs, fmt.Errorf("timeout %v below 1s", d.Timeout))
 	}
-	if d.ThrottleBackoff < 0 || d.SDKRetryBase < 0 || d.SDKRetries < 0 {
-		errs = append(errs, errors.New("backoffs and SDK retries must not be negative"))
+	if d.ThrottleBackoff < 0 || d.SDKRetryBase < 0 {
+		errs = append(errs, errors.New("backoffs must not be negative"))
 	}
 	if (d.AccessKeyID == "") != (d.SecretAccessKey == "") {
 		errs = append(errs, errors.New("give both access key ID and secret access key, or neither"))

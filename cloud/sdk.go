@@ -46,7 +46,7 @@ func newSDKConfig(cfg Config, ak, sk string) (*bce.BceClientConfiguration, error
 			HeadersToSign: auth.DEFAULT_HEADERS_TO_SIGN,
 			ExpireSeconds: auth.DEFAULT_EXPIRE_SECONDS,
 		},
-		Retry:                     bce.NewBackOffRetryPolicy(cfg.SDKRetries, 20_000, base),
+		Retry:                     bce.NewBackOffRetryPolicy(max(0, cfg.SDKRetries), 20_000, base),
 		ConnectionTimeoutInMillis: int(cfg.Timeout.Milliseconds()),
 	}, nil
 }

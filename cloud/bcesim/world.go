@@ -53,6 +53,9 @@ type World struct {
 	graveyard map[string]*eni
 	// pending holds ENIs with a delayed status transition.
 	pending map[string]struct{}
+	// historic holds ENIs with history to prune (status changes or released
+	// addresses kept for lagged reads), so advance does not scan every ENI.
+	historic map[string]struct{}
 	macs    map[string]struct{}
 	// retention is how long history is kept for lagged reads.
 	retention time.Duration
@@ -122,6 +125,7 @@ func NewWorld(cfg WorldConfig) *World {
 		enis:      map[string]*eni{},
 		graveyard: map[string]*eni{},
 		pending:   map[string]struct{}{},
+		historic:  map[string]struct{}{},
 		macs:      map[string]struct{}{},
 	}
 }

@@ -50,6 +50,7 @@ func (w *World) advance(now time.Time) {
 		case StatusDetaching:
 			e.history = append(e.history, statusChange{At: e.transitionAt, Status: StatusAvailable})
 		}
+		w.historic[id] = struct{}{}
 		delete(w.pending, id)
 	}
 	cutoff := now.Add(-w.retention)
@@ -58,7 +59,12 @@ func (w *World) advance(now time.Time) {
 			delete(w.graveyard, id)
 		}
 	}
-	for _, e := range w.enis {
+	for id := range w.historic {
+		e := w.enis[id]
+		if e == nil {
+			delete(w.historic, id)
+			continue
+		}
 		// Keep the newest entry at or before the cutoff: it is the state a
 		// lagged reader sees.
 		if n := len(e.history); n > 1 && !e.history[n-2].At.After(cutoff) {
@@ -71,6 +77,9 @@ func (w *World) advance(now time.Time) {
 		if len(e.removed) > 0 {
 			e.removed = slices.DeleteFunc(e.removed, func(ip *ipEntry) bool { return !ip.Removed.After(cutoff) })
 		}
+		if len(e.history) == 1 && len(e.removed) == 0 {
+			delete(w.historic, id)
+		}
 	}
 }
 
@@ -78,6 +87,7 @@ func (w *World) setStatus(e *eni, now time.Time, st ENIStatus, inst string, dela
 	e.history = append(e.history, statusChange{At: now, Status: st, Instance: inst})
 	e.transitionAt = now.Add(delay)
 	w.pending[e.ID] = struct{}{}
+	w.historic[e.ID] = struct{}{}
 }
 
 type ipAlloc struct {
@@ -423,6 +433,7 @@ func (w *World) RemoveIPs(now time.Time, lag time.Duration, eniID string, addrs 
 		if w.retention > 0 {
 			ip.Removed = now
 			e.removed = append(e.removed, ip)
+			w.historic[e.ID] = struct{}{}
 		}
 		e.IPs = slices.Delete(e.IPs, i, i+1)
 	}

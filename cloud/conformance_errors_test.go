@@ -169,3 +169,23 @@ func TestConformance_CredentialsFromSecretDir(t *testing.T) {
 		t.Fatalf("missing secret file: %v", err)
 	}
 }
+
+// With the SDK's retries disabled a 5xx after the mutation reaches the caller
+// as ClassServer (retryable), and the mutation stays applied exactly once.
+func TestConformance_ServerErrorWithoutSDKRetry(t *testing.T) {
+	e := newEnv(t, envOpts{client: cloud.Config{SDKRetries: -1}})
+	id := createENI(t, e, "n", e.subnet)
+	if err := e.srv.SetFaults(bcesim.Faults{FailAfterMutation: map[bcesim.Op]int{bcesim.OpBatchAddPrivateIP: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.client.BatchAddPrivateIPs(context.Background(), id, cloud.BatchAddRequest{Count: 2})
+	if cloud.ClassOf(err) != cloud.ClassServer || !cloud.ClassOf(err).Retryable() {
+		t.Fatalf("want a retryable server error, got %v", err)
+	}
+	if calls := e.srv.Stats().Ops[bcesim.OpBatchAddPrivateIP].Calls; calls != 1 {
+		t.Fatalf("%d calls reached the simulator, want 1", calls)
+	}
+	if got, _ := e.client.GetENI(context.Background(), id); len(got.PrivateIPs) != 3 {
+		t.Fatalf("eni holds %d addresses, want 3", len(got.PrivateIPs))
+	}
+}

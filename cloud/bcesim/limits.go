@@ -181,3 +181,13 @@ func (c *counters) snapshot(now time.Time) Stats {
 	sort.Slice(st.All.PerSecond, func(i, j int) bool { return st.All.PerSecond[i].Unix < st.All.PerSecond[j].Unix })
 	return st
 }
+
+// MaxPerSecond returns the most calls received in any one second of the
+// window: what a budget test compares with rate + burst.
+func (s OpStats) MaxPerSecond() int64 {
+	var m int64
+	for _, p := range s.PerSecond {
+		m = max(m, p.Calls)
+	}
+	return m
+}

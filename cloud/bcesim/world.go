@@ -56,7 +56,7 @@ type World struct {
 	// historic holds ENIs with history to prune (status changes or released
 	// addresses kept for lagged reads), so advance does not scan every ENI.
 	historic map[string]struct{}
-	macs    map[string]struct{}
+	macs     map[string]struct{}
 	// retention is how long history is kept for lagged reads.
 	retention time.Duration
 }

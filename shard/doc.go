@@ -1,0 +1,20 @@
+// Package shard decides which cce-ipam replica serves which node.
+//
+// This file set holds the pure part: a consistent-hash Ring over the live
+// members (buraksezer/consistent v1.0.0 with xxhash, a prime partition count
+// and bounded load) that maps node → partition → owner, and Table, the
+// ownership of every partition as a plain value with Diff to list the moves
+// between two tables. Nothing here talks to memberlist or the API server;
+// membership feeds member sets in, and the fenced hand-over acts on the moves.
+//
+//	ring, err := shard.NewRing(shard.RingConfig{}, []string{"ipam-a", "ipam-b", "ipam-c"})
+//	owner := ring.Owner("node-10-0-1-7")          // "ipam-b"
+//	next, _ := shard.NewRing(shard.RingConfig{}, []string{"ipam-a", "ipam-c"})
+//	moves, _ := shard.Diff(ring.Table(), next.Table()) // partitions that changed owner
+//
+// The ring is deterministic for a member *set*: the order in which members
+// joined does not matter, so every replica that sees the same members computes
+// the same owners. A ring view is still only a hint: exclusivity (one replica
+// allocating for a node at a time) is enforced by per-replica Leases in the API
+// server, never by the ring alone.
+package shard

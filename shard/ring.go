@@ -1,0 +1,165 @@
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"math/big"
+	"slices"
+
+	"github.com/buraksezer/consistent"
+	"github.com/cespare/xxhash/v2"
+)
+
+// RingConfig shapes the consistent-hash ring. The zero value uses the
+// defaults; every replica of a cluster must use the same values.
+type RingConfig struct {
+	// Partitions is the number of partitions nodes hash into; a prime
+	// spreads keys evenly. Defaults to 271. Changing it moves most nodes.
+	Partitions int
+	// ReplicationFactor is the number of virtual points per member.
+	// Defaults to 40.
+	ReplicationFactor int
+	// Load bounds a member's share at Load × the average (bounded-load
+	// consistent hashing). Defaults to 1.25; must be at least 1.
+	Load float64
+}
+
+func (c RingConfig) withDefaults() RingConfig {
+	if c.Partitions == 0 {
+		c.Partitions = 271
+	}
+	if c.ReplicationFactor == 0 {
+		c.ReplicationFactor = 40
+	}
+	if c.Load == 0 {
+		c.Load = 1.25
+	}
+	return c
+}
+
+// Validate reports a configuration the ring cannot use. consistent panics on
+// some of them; we refuse them first.
+func (c RingConfig) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.Partitions < 1 || !big.NewInt(int64(c.Partitions)).ProbablyPrime(20):
+		return fmt.Errorf("ring: partition count %d must be a prime", c.Partitions)
+	case c.ReplicationFactor < 1:
+		return fmt.Errorf("ring: replication factor %d must be positive", c.ReplicationFactor)
+	case c.Load < 1:
+		return fmt.Errorf("ring: load %.2f must be at least 1 or partitions cannot all be placed", c.Load)
+	}
+	return nil
+}
+
+// ErrNoMembers is returned when a ring is built over no members: then no
+// node has an owner and callers must wait rather than guess.
+var ErrNoMembers = errors.New("ring: no members")
+
+// Ring maps node names to owners for one member set. It is immutable: build a
+// new Ring when the member set changes.
+type Ring struct {
+	cfg     RingConfig
+	hash    *consistent.Consistent
+	members []string // sorted
+	owners  []string // partition → owner, cached for Table and lookups
+}
+
+type member string
+
+func (m member) String() string { return string(m) }
+
+type xxHasher struct{}
+
+func (xxHasher) Sum64(b []byte) uint64 { return xxhash.Sum64(b) }
+
+// NewRing builds the ring over members (unique, non-empty names).
+func NewRing(cfg RingConfig, members []string) (*Ring, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if len(members) == 0 {
+		return nil, ErrNoMembers
+	}
+	sorted := slices.Clone(members)
+	slices.Sort(sorted)
+	for i, m := range sorted {
+		if m == "" {
+			return nil, errors.New("ring: empty member name")
+		}
+		if i > 0 && sorted[i-1] == m {
+			return nil, fmt.Errorf("ring: member %q listed twice", m)
+		}
+	}
+	// Members are added in sorted order so that, should two virtual points
+	// ever collide, the same member wins on every replica.
+	ms := make([]consistent.Member, len(sorted))
+	for i, m := range sorted {
+		ms[i] = member(m)
+	}
+	c := consistent.New(ms, consistent.Config{
+		Hasher:            xxHasher{},
+		PartitionCount:    cfg.Partitions,
+		ReplicationFactor: cfg.ReplicationFactor,
+		Load:              cfg.Load,
+	})
+	owners := make([]string, cfg.Partitions)
+	for p := range owners {
+		owners[p] = c.GetPartitionOwner(p).String()
+	}
+	return &Ring{cfg: cfg, hash: c, members: sorted, owners: owners}, nil
+}
+
+// Members returns the sorted member names.
+func (r *Ring) Members() []string { return slices.Clone(r.members) }
+
+// Partition returns the partition a node hashes into. It depends only on the
+// node name and the partition count, not on the members.
+func (r *Ring) Partition(node string) int { return r.hash.FindPartitionID([]byte(node)) }
+
+// Owner returns the member that owns the node's partition.
+func (r *Ring) Owner(node string) string { return r.owners[r.Partition(node)] }
+
+// Table returns the ownership of every partition.
+func (r *Ring) Table() Table { return Table{Owners: slices.Clone(r.owners)} }
+
+// Table is the owner of every partition, indexed by partition ID.
+type Table struct {
+	Owners []string
+}
+
+// Count returns how many partitions each member owns.
+func (t Table) Count() map[string]int {
+	n := map[string]int{}
+	for _, o := range t.Owners {
+		n[o]++
+	}
+	return n
+}
+
+// Move is one partition changing owner. From is empty for a partition that had
+// no owner (first table); To is empty when the new table has none.
+type Move struct {
+	Partition int
+	From, To  string
+}
+
+// Diff lists the partitions whose owner differs between two tables over the
+// same partition count, in partition order.
+func Diff(old, next Table) ([]Move, error) {
+	if len(old.Owners) != 0 && len(old.Owners) != len(next.Owners) {
+		return nil, fmt.Errorf("ring: cannot diff tables of %d and %d partitions", len(old.Owners), len(next.Owners))
+	}
+	var moves []Move
+	for p, to := range next.Owners {
+		var from string
+		if len(old.Owners) != 0 {
+			from = old.Owners[p]
+		}
+		if from != to {
+			moves = append(moves, Move{Partition: p, From: from, To: to})
+		}
+	}
+	return moves, nil
+}

@@ -78,3 +78,5 @@ func sameState(t testing.TB, before, after NodeSnapshot) {
 		t.Fatalf("state changed:\nbefore %s\nafter  %s", a, b)
 	}
 }
+
+func sprint(v any) string { return fmt.Sprintf("%+v", v) }

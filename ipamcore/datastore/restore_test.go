@@ -1,0 +1,203 @@
+package datastore
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+)
+
+func renis(list ...RestoreENI) []RestoreENI { return list }
+
+func re(e ENI, addrs ...string) RestoreENI { return RestoreENI{ENI: e, IPs: ips(addrs...)} }
+
+func claim(addr, name, cid string) Claim { return Claim{Addr: ip(addr), Owner: owner(name, cid)} }
+
+var (
+	e1 = eni("eni-1", "sbn-1", "10.0.1.0/24", "10.0.1.2")
+	e2 = eni("eni-2", "sbn-2", "10.0.2.0/24", "10.0.2.2")
+)
+
+func TestStore_Restore(t *testing.T) {
+	type want struct {
+		idle, assigned, held int
+		conflicts            []string // Conflict.String()
+		states               map[string]IPState
+	}
+	for _, tc := range []struct {
+		name string
+		in   RestoreInput
+		err  error
+		want want
+	}{
+		{
+			name: "clean",
+			in: RestoreInput{
+				ENIs:   renis(re(e1, "10.0.1.10", "10.0.1.11"), re(e2, "10.0.2.10")),
+				Claims: []Claim{claim("10.0.1.11", "p", "c")},
+			},
+			want: want{idle: 2, assigned: 1, states: map[string]IPState{"10.0.1.11": StateAssigned, "10.0.2.10": StateIdle}},
+		},
+		{
+			name: "ip claimed by two pods is held, not given to either",
+			in: RestoreInput{
+				ENIs:   renis(re(e1, "10.0.1.10")),
+				Claims: []Claim{claim("10.0.1.10", "p", "c"), claim("10.0.1.10", "q", "d")},
+			},
+			want: want{held: 1, conflicts: []string{
+				"claimed-twice 10.0.1.10 enis=[eni-1] owner=default/p@c owner=default/q@d held"}},
+		},
+		{
+			name: "same pod claiming twice is one claim",
+			in: RestoreInput{
+				ENIs:   renis(re(e1, "10.0.1.10")),
+				Claims: []Claim{claim("10.0.1.10", "p", "c"), claim("10.0.1.10", "p", "c")},
+			},
+			want: want{assigned: 1},
+		},
+		{
+			name: "pod claiming two ips holds both",
+			in: RestoreInput{
+				ENIs:   renis(re(e1, "10.0.1.10", "10.0.1.11")),
+				Claims: []Claim{claim("10.0.1.10", "p", "c"), claim("10.0.1.11", "p", "c")},
+			},
+			want: want{held: 2, conflicts: []string{
+				"pod-claims-two 10.0.1.10 enis=[eni-1] owner=default/p@c held",
+				"pod-claims-two 10.0.1.11 enis=[eni-1] owner=default/p@c held"}},
+		},
+		{
+			name: "ip on two enis is held on the first",
+			in: RestoreInput{
+				ENIs: renis(re(e2, "10.0.1.10"), re(eni("eni-1", "sbn-1", "", "10.0.1.2"), "10.0.1.10")),
+			},
+			want: want{held: 1, conflicts: []string{"ip-on-two-enis 10.0.1.10 enis=[eni-1 eni-2] held"}},
+		},
+		{
+			name: "claim for an ip the cloud lacks",
+			in: RestoreInput{
+				ENIs:   renis(re(e1, "10.0.1.10")),
+				Claims: []Claim{claim("10.0.1.99", "p", "c")},
+			},
+			want: want{idle: 1, conflicts: []string{"claim-not-on-node 10.0.1.99 owner=default/p@c"}},
+		},
+		{
+			name: "cross-subnet: claimed is assigned, unclaimed is held",
+			in: RestoreInput{
+				ENIs:   renis(re(e1, "10.7.0.1", "10.7.0.2")),
+				Claims: []Claim{claim("10.7.0.1", "p", "c")},
+			},
+			want: want{assigned: 1, held: 1, conflicts: []string{"unclaimed-cross-subnet 10.7.0.2 enis=[eni-1] held"},
+				states: map[string]IPState{"10.7.0.1": StateAssigned, "10.7.0.2": StateHeld}},
+		},
+		{
+			name: "secondary equal to a primary is skipped",
+			in:   RestoreInput{ENIs: renis(re(e1, "10.0.2.2"), re(e2))},
+			want: want{conflicts: []string{"primary-as-secondary 10.0.2.2 enis=[eni-1 eni-2]"}},
+		},
+		{
+			name: "ip recorded on another node",
+			in:   RestoreInput{ENIs: renis(re(e1, "10.0.9.9", "10.0.1.10"))},
+			want: want{idle: 1, conflicts: []string{
+				"ip-on-other-node 10.0.9.9 enis=[eni-1] other-node=node-b"}},
+		},
+		{
+			name: "eni recorded on another node",
+			in:   RestoreInput{ENIs: renis(re(eni("eni-b", "sbn-9", "", "10.0.9.2"), "10.0.9.20"), re(e1, "10.0.1.10"))},
+			want: want{idle: 1, conflicts: []string{
+				"eni-on-other-node 10.0.9.2 enis=[eni-b] other-node=node-b"}},
+		},
+		{
+			name: "malformed claim is a conflict, not a failed rebuild",
+			in: RestoreInput{
+				ENIs:   renis(re(e1, "10.0.1.10")),
+				Claims: []Claim{{Owner: owner("p", "c")}, {Addr: ip("10.0.1.10"), Owner: Owner{Name: "x"}}},
+			},
+			want: want{idle: 1, conflicts: []string{
+				"invalid-claim invalid IP owner=default/p@c",
+				"invalid-claim 10.0.1.10 owner=/x@"}},
+		},
+		{name: "eni listed twice", in: RestoreInput{ENIs: renis(re(e1), re(e1))}, err: ErrInvalidArgument},
+		{name: "shared primary", in: RestoreInput{ENIs: renis(re(e1), re(eni("eni-3", "s", "", "10.0.1.2")))}, err: ErrInvalidArgument},
+		{name: "bad eni", in: RestoreInput{ENIs: renis(re(ENI{ID: "eni-3"}))}, err: ErrInvalidArgument},
+		{name: "bad ip", in: RestoreInput{ENIs: []RestoreENI{{ENI: e1, IPs: []netip.Addr{{}}}}}, err: ErrInvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := fixture(t, Config{})
+			must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.50"), t0))
+			must(t, s.AddNode("node-b"))
+			must(t, s.AddENI("node-b", eni("eni-b", "sbn-9", "10.0.9.0/24", "10.0.9.2")))
+			must(t, s.AddIPs("node-b", "eni-b", ips("10.0.9.9"), t0))
+			before, _ := s.Snapshot("node-a")
+			otherBefore, _ := s.Snapshot("node-b")
+
+			rep, err := s.Restore("node-a", tc.in, t0.Add(time.Minute))
+			wantErr(t, err, tc.err)
+			check(t, s)
+			otherAfter, _ := s.Snapshot("node-b")
+			sameState(t, otherBefore, otherAfter)
+			if err != nil {
+				after, _ := s.Snapshot("node-a")
+				sameState(t, before, after)
+				return
+			}
+			if rep.Idle != tc.want.idle || rep.Assigned != tc.want.assigned || rep.Held != tc.want.held {
+				t.Fatalf("report = %+v, want %+v", rep, tc.want)
+			}
+			var got []string
+			for _, c := range rep.Conflicts {
+				got = append(got, c.String())
+			}
+			if !slices.Equal(got, tc.want.conflicts) {
+				t.Fatalf("conflicts\n got %q\nwant %q", got, tc.want.conflicts)
+			}
+			st, _ := s.Stats("node-a", t0.Add(time.Minute))
+			if st.Idle != rep.Idle || st.Assigned != rep.Assigned || st.Held != rep.Held || st.Cooling != 0 {
+				t.Fatalf("stats %+v disagree with report %+v", st, rep)
+			}
+			for a, want := range tc.want.states {
+				info, err := s.LookupIP(ip(a))
+				must(t, err)
+				if info.State != want {
+					t.Fatalf("%s is %s, want %s", a, info.State, want)
+				}
+			}
+			// the old state is gone: 10.0.1.50 was not in the snapshot
+			if _, err := s.LookupIP(ip("10.0.1.50")); err == nil {
+				t.Fatal("address missing from the snapshot survived the restore")
+			}
+		})
+	}
+}
+
+func TestStore_Restore_AddsNodeAndKeepsCooling(t *testing.T) {
+	s, err := New(Config{})
+	must(t, err)
+	in := RestoreInput{ENIs: renis(re(e1, "10.0.1.10", "10.0.1.11"))}
+	rep, err := s.Restore("node-a", in, t0)
+	must(t, err)
+	if rep.Idle != 2 || !s.HasNode("node-a") {
+		t.Fatalf("report = %+v", rep)
+	}
+	_, err = s.Allocate("node-a", Request{Owner: owner("p", "c")}, t0)
+	must(t, err)
+	_, err = s.Release("node-a", ip("10.0.1.10"), "c", t0.Add(time.Second))
+	must(t, err)
+
+	// A resync a moment later must not make the just-released address
+	// usable before its cooldown ends, nor reorder the pool.
+	_, err = s.Restore("node-a", in, t0.Add(2*time.Second))
+	must(t, err)
+	check(t, s)
+	got, err := s.LookupIP(ip("10.0.1.10"))
+	must(t, err)
+	if !got.ReadyAt.Equal(t0.Add(time.Second+DefaultCooldown)) || !got.AddedAt.Equal(t0) {
+		t.Fatalf("cooling lost: %+v", got)
+	}
+	a, err := s.Allocate("node-a", Request{Owner: owner("q", "c")}, t0.Add(2*time.Second))
+	must(t, err)
+	if a.Addr != ip("10.0.1.11") {
+		t.Fatalf("got %s, want the non-cooling 10.0.1.11", a.Addr)
+	}
+	_, err = s.Restore("", in, t0)
+	wantErr(t, err, ErrInvalidArgument)
+}

@@ -32,34 +32,46 @@ rm -rf "$OUT_DIR/clientset" "$OUT_DIR/listers" "$OUT_DIR/informers"
 rm -f "$CRD_DIR"/cce.io_*.yaml
 mkdir -p "$OUT_DIR" "$CRD_DIR"
 
-go tool deepcopy-gen \
-	--go-header-file "$HEADER" \
-	--output-file zz_generated.deepcopy.go \
-	"$API_PKG"
+# Two independent chains run in parallel: the clients need only the types,
+# while controller-gen needs the deepcopy functions to type-check the package.
+types() {
+	go tool deepcopy-gen \
+		--go-header-file "$HEADER" \
+		--output-file zz_generated.deepcopy.go \
+		"$API_PKG"
+	go tool controller-gen \
+		crd:crdVersions=v1 \
+		paths="./$API_DIR/..." \
+		output:crd:artifacts:config="$CRD_DIR"
+}
 
-go tool client-gen \
-	--go-header-file "$HEADER" \
-	--clientset-name versioned \
-	--input-base "" \
-	--input "$API_PKG" \
-	--output-dir "$OUT_DIR/clientset" \
-	--output-pkg "$OUT_PKG/clientset"
+clients() {
+	go tool client-gen \
+		--go-header-file "$HEADER" \
+		--clientset-name versioned \
+		--input-base "" \
+		--input "$API_PKG" \
+		--output-dir "$OUT_DIR/clientset" \
+		--output-pkg "$OUT_PKG/clientset"
+	go tool lister-gen \
+		--go-header-file "$HEADER" \
+		--output-dir "$OUT_DIR/listers" \
+		--output-pkg "$OUT_PKG/listers" \
+		"$API_PKG"
+	go tool informer-gen \
+		--go-header-file "$HEADER" \
+		--versioned-clientset-package "$OUT_PKG/clientset/versioned" \
+		--listers-package "$OUT_PKG/listers" \
+		--output-dir "$OUT_DIR/informers" \
+		--output-pkg "$OUT_PKG/informers" \
+		"$API_PKG"
+}
 
-go tool lister-gen \
-	--go-header-file "$HEADER" \
-	--output-dir "$OUT_DIR/listers" \
-	--output-pkg "$OUT_PKG/listers" \
-	"$API_PKG"
-
-go tool informer-gen \
-	--go-header-file "$HEADER" \
-	--versioned-clientset-package "$OUT_PKG/clientset/versioned" \
-	--listers-package "$OUT_PKG/listers" \
-	--output-dir "$OUT_DIR/informers" \
-	--output-pkg "$OUT_PKG/informers" \
-	"$API_PKG"
-
-go tool controller-gen \
-	crd:crdVersions=v1 \
-	paths="./$API_DIR/..." \
-	output:crd:artifacts:config="$CRD_DIR"
+types &
+types_pid=$!
+clients &
+clients_pid=$!
+status=0
+wait "$types_pid" || { echo "generate.sh: deepcopy-gen or controller-gen failed" >&2; status=1; }
+wait "$clients_pid" || { echo "generate.sh: client-gen, lister-gen or informer-gen failed" >&2; status=1; }
+exit "$status"

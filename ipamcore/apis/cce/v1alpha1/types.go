@@ -5,7 +5,9 @@ import (
 )
 
 // Field types and JSON names follow the reference system exactly (see the
-// package documentation). Every field is optional in the schema, also those
+// package documentation). Every object type, the roots included, keeps
+// unknown fields: the reference's schemas preserve everything, and objects it
+// wrote may carry fields of its later releases. Every field is optional in the schema, also those
 // the reference always writes, because objects created by hand or by older
 // releases may lack them; lists and times the reference may write as null
 // are nullable.
@@ -14,6 +16,7 @@ import (
 // +genclient:noStatus
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
+// +kubebuilder:pruning:PreserveUnknownFields
 // +kubebuilder:resource:path=workloadendpoints,scope=Namespaced,shortName=wep
 // +kubebuilder:printcolumn:name="IP",type=string,JSONPath=`.spec.ip`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
@@ -131,6 +134,7 @@ type WorkloadEndpointList struct {
 // +genclient:noStatus
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
+// +kubebuilder:pruning:PreserveUnknownFields
 // +kubebuilder:resource:path=ippools,scope=Namespaced,shortName=pool;ipl
 // +kubebuilder:printcolumn:name="Node Selector",type=string,JSONPath=`.spec.nodeSelector`
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.creationSource`
@@ -315,6 +319,7 @@ type IPPoolList struct {
 // +genclient:noStatus
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
+// +kubebuilder:pruning:PreserveUnknownFields
 // +kubebuilder:resource:path=subnets,scope=Namespaced,shortName=sbn
 // +kubebuilder:printcolumn:name="CIDR",type=string,JSONPath=`.spec.cidr`
 // +kubebuilder:printcolumn:name="Zone",type=string,JSONPath=`.spec.availabilityZone`

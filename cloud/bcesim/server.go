@@ -54,9 +54,15 @@ type Server struct {
 	counts *counters
 	reqSeq atomic.Uint64
 
-	httpSrv *http.Server
-	ln      net.Listener
-	done    chan struct{}
+	httpSrv  *http.Server
+	ln       net.Listener
+	done     chan struct{}
+	// Handlers hold inflight for reading while they run; Close takes it for
+	// writing, so it returns only after every handler has, and handlers that
+	// start later see closed and do nothing. (A WaitGroup cannot do this: a
+	// connection accepted before Close may start its handler after Wait began.)
+	inflight sync.RWMutex
+	closed   bool
 }
 
 // New validates cfg and returns a Server that has not started listening.
@@ -118,15 +124,23 @@ func (s *Server) Start(addr string) (string, error) {
 // URL is the endpoint to give the SDK, valid after Start.
 func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }
 
-// Close stops the listener, cuts open connections and waits for the serving
-// goroutine to exit.
+// Close stops the listener, cuts open connections (which cancels the
+// requests' contexts, ending injected latency early) and waits for the
+// serving goroutine and every handler to return.
 func (s *Server) Close() error {
 	if s.httpSrv == nil {
 		return nil
 	}
 	err := s.httpSrv.Close()
 	<-s.done
+	s.waitHandlers()
 	return err
+}
+
+func (s *Server) waitHandlers() {
+	s.inflight.Lock()
+	s.closed = true
+	s.inflight.Unlock()
 }
 
 // Shutdown stops accepting requests and waits for in-flight ones until ctx ends.
@@ -135,7 +149,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	err := s.httpSrv.Shutdown(ctx)
+	if err != nil {
+		s.httpSrv.Close() // ctx ended first: cut what is left
+	}
 	<-s.done
+	s.waitHandlers()
 	return err
 }
 
@@ -170,6 +188,11 @@ func writeError(w http.ResponseWriter, reqID string, e *APIError) {
 // count, rate-limit, inject faults, decode, apply (with clientToken
 // idempotency), and maybe fail after the mutation.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.inflight.RLock()
+	defer s.inflight.RUnlock()
+	if s.closed {
+		return
+	}
 	if strings.HasPrefix(r.URL.Path, "/admin/") {
 		s.serveAdmin(w, r)
 		return

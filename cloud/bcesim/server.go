@@ -54,9 +54,9 @@ type Server struct {
 	counts *counters
 	reqSeq atomic.Uint64
 
-	httpSrv  *http.Server
-	ln       net.Listener
-	done     chan struct{}
+	httpSrv *http.Server
+	ln      net.Listener
+	done    chan struct{}
 	// Handlers hold inflight for reading while they run; Close takes it for
 	// writing, so it returns only after every handler has, and handlers that
 	// start later see closed and do nothing. (A WaitGroup cannot do this: a

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/baidubce/bce-sdk-go/bce"
+	"github.com/baidubce/bce-sdk-go/services/bcc/api"
 	"github.com/baidubce/bce-sdk-go/services/eni"
 
 	"github.com/cce-ipam/sharded/cloud/bcesim"
@@ -128,5 +129,57 @@ func TestServer_FailAfterMutationWithoutTokenDoubleApplies(t *testing.T) {
 	got, _ := c.eni.GetEniDetail(id)
 	if len(got.PrivateIpSet) != 1+4 {
 		t.Fatalf("eni holds %d addresses, want 5 (primary + 2 applied twice)", len(got.PrivateIpSet))
+	}
+}
+
+// The calls the IPAM does not use through cloud.Provider but the upstream
+// (or its node agent) does: security groups, quota, status, cross-subnet add.
+func TestServer_SDKSecondaryCalls(t *testing.T) {
+	w := startWorld(t, bcesim.Config{PageSize: 1})
+	c := newSDK(t, w.url, testAK, testSK)
+	if _, err := w.srv.AddSecurityGroup(bcesim.SecurityGroupSpec{ID: "g-second", VPCID: testVPC}); err != nil {
+		t.Fatal(err)
+	}
+	sgs, err := c.bcc.ListSecurityGroup(&api.ListSecurityGroupArgs{InstanceId: w.small})
+	if err != nil || len(sgs.SecurityGroups) != 1 || sgs.SecurityGroups[0].Id != w.sg || sgs.IsTruncated {
+		t.Fatalf("security groups of %s: %+v %v", w.small, sgs, err)
+	}
+	page, err := c.bcc.ListSecurityGroup(&api.ListSecurityGroupArgs{VpcId: testVPC})
+	if err != nil || len(page.SecurityGroups) != 1 || !page.IsTruncated || page.NextMarker == "" {
+		t.Fatalf("first page of vpc groups: %+v %v", page, err)
+	}
+
+	id := createENI(t, c, w, "n")
+	inst := w.small
+	if err := c.eni.AttachEniInstance(&eni.EniInstance{EniId: id, InstanceId: &inst}); err != nil {
+		t.Fatal(err)
+	}
+	q, err := c.eni.GetEniQuota(&eni.EniQuoteArgs{InstanceId: w.small})
+	if err != nil || q.TotalQuantity != 2 || q.AvailableQuantity != 1 {
+		t.Fatalf("eni quota of a 2-vCPU instance with one eni: %+v %v", q, err)
+	}
+	q, err = c.eni.GetEniQuota(&eni.EniQuoteArgs{EniId: id})
+	if err != nil || q.TotalQuantity != 8 || q.AvailableQuantity != 7 {
+		t.Fatalf("address quota of an eni on 4 GB: %+v %v", q, err)
+	}
+	st, err := c.eni.GetEniStatus(id)
+	if err != nil || (st.Status != "attaching" && st.Status != "inuse") {
+		t.Fatalf("status: %+v %v", st, err)
+	}
+	res, err := c.eni.BatchAddPrivateIpCrossSubnet(&eni.EniBatchAddPrivateIpCrossSubnetArgs{EniId: id, SubnetId: w.subnet2, PrivateIpAddressCount: 2})
+	if err != nil || len(res.PrivateIpAddresses) != 2 {
+		t.Fatalf("cross-subnet add: %+v %v", res, err)
+	}
+	sn2, _ := c.vpc.GetSubnetDetail(w.subnet2)
+	if sn2.Subnet.AvailableIp != 13-2 {
+		t.Fatalf("subnet2 availableIp %d, want 11", sn2.Subnet.AvailableIp)
+	}
+	res, err = c.eni.BatchAddPrivateIpCrossSubnet(&eni.EniBatchAddPrivateIpCrossSubnetArgs{EniId: id,
+		PrivateIps: []eni.PrivateIpArgs{{PrivateIpAddress: "10.0.1.9", SubnetId: w.subnet2}}})
+	if err != nil || len(res.PrivateIpAddresses) != 1 || res.PrivateIpAddresses[0] != "10.0.1.9" {
+		t.Fatalf("explicit cross-subnet add: %+v %v", res, err)
+	}
+	if err := w.srv.Check(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -12,7 +12,7 @@ func FuzzStore(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		src := &byteSource{b: data}
 		h := newHarness(t, src)
-		for steps := 0; !src.done() && steps < 4096; steps++ {
+		for steps := 0; !src.done() && steps < 512; steps++ {
 			h.step()
 		}
 	})

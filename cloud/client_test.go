@@ -3,14 +3,17 @@ package cloud_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/cloud/bcesim"
 )
 
 func TestClient_SetRateAndWaitMetrics(t *testing.T) {
@@ -78,5 +81,29 @@ func TestConfig_RegisterFlags(t *testing.T) {
 	}
 	if c.Endpoint != "127.0.0.1:9" || c.Rate != 3.5 || c.Burst != 4 || c.CredentialsDir != "/secret" {
 		t.Fatalf("parsed %+v", c)
+	}
+}
+
+// A call that finds the bucket empty waits for a token and never reaches BCE
+// if its context ends first; SetRate with a larger burst does not refill it.
+func TestClient_EmptyBucketBlocksCalls(t *testing.T) {
+	e := newEnv(t, envOpts{client: cloud.Config{Rate: 0.001, Burst: 1}})
+	if _, err := e.client.GetInstance(context.Background(), e.i4g); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.SetRate(0.001, 50); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := e.client.GetInstance(ctx, e.i4g)
+	if cloud.ClassOf(err) != cloud.ClassCanceled || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second call: %v, want canceled while waiting for a token", err)
+	}
+	if n := e.srv.Stats().Ops[bcesim.OpGetInstance].Calls; n != 1 {
+		t.Fatalf("%d calls reached the simulator, want 1", n)
+	}
+	if n := metricValue(t, e.reg, "cce_ipam_cloud_api_calls_total", "operation", "GetInstance", "result", "canceled"); n != 1 {
+		t.Fatalf("calls_total{GetInstance,canceled} = %v, want 1", n)
 	}
 }

@@ -71,3 +71,36 @@ func BenchmarkWorld_AddDeleteIP(b *testing.B) {
 	}
 	b.ReportMetric(float64(2*b.N)/b.Elapsed().Seconds(), "ops/s")
 }
+
+// BenchmarkWorld_ListENIsByInstance lists one node's ENIs in a region of
+// 3,000 instances with two ENIs each: the per-node sync call at scale.
+func BenchmarkWorld_ListENIsByInstance(b *testing.B) {
+	w := bcesim.NewWorld(bcesim.WorldConfig{MaxUnattachedENIsPerVPC: 100_000})
+	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
+	sn, _ := w.AddSubnet(now, bcesim.SubnetSpec{ZoneName: "a", CIDR: "10.0.0.0/16", VPCID: "vpc"})
+	sg, _ := w.AddSecurityGroup(now, bcesim.SecurityGroupSpec{VPCID: "vpc"})
+	var insts []string
+	for i := range 3000 {
+		id, err := w.AddInstance(now, bcesim.InstanceSpec{ID: fmt.Sprintf("i-%d", i), SubnetID: sn, CPUCount: 8, MemoryGB: 32})
+		if err != nil {
+			b.Fatal(err)
+		}
+		insts = append(insts, id)
+		for range 2 {
+			e, err := w.CreateENI(now, bcesim.CreateENIInput{Name: "c/" + id, SubnetID: sn, SecurityGroupIDs: []string{sg}, PrivateIPs: []bcesim.IPRequest{{Primary: true}}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := w.AttachENI(now, e, id); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		page, err := w.ListENIs(now, 0, bcesim.ENIFilter{InstanceID: insts[i%len(insts)]}, "", 1000)
+		if err != nil || len(page.ENIs) != 2 {
+			b.Fatalf("%v %d", err, len(page.ENIs))
+		}
+	}
+}

@@ -10,18 +10,10 @@ import (
 // eniAt renders e as a reader sees it at time t (now minus the replica lag).
 // It reports false when the ENI did not exist at t.
 func eniAt(e *eni, t time.Time, lagged bool) (ENIView, bool) {
-	if lagged && (e.Created.After(t) || (!e.Deleted.IsZero() && !e.Deleted.After(t))) {
+	if !visibleAt(e, t, lagged) {
 		return ENIView{}, false
 	}
-	st := e.current()
-	if lagged {
-		st = e.history[0]
-		for _, h := range e.history {
-			if !h.At.After(t) {
-				st = h
-			}
-		}
-	}
+	st := statusAt(e, t, lagged)
 	v := ENIView{
 		ENIID: e.ID, Name: e.Name, ZoneName: e.Zone, Description: e.Description, InstanceID: st.Instance,
 		MACAddress: e.MAC, VPCID: e.VPC, SubnetID: e.Subnet, Status: st.Status,
@@ -51,6 +43,25 @@ func eniAt(e *eni, t time.Time, lagged bool) (ENIView, bool) {
 		}
 	}
 	return v, true
+}
+
+// visibleAt reports whether e existed at t.
+func visibleAt(e *eni, t time.Time, lagged bool) bool {
+	return !lagged || (!e.Created.After(t) && (e.Deleted.IsZero() || e.Deleted.After(t)))
+}
+
+// statusAt is e's status (and instance) as of t.
+func statusAt(e *eni, t time.Time, lagged bool) statusChange {
+	if !lagged {
+		return e.current()
+	}
+	st := e.history[0]
+	for _, h := range e.history {
+		if !h.At.After(t) {
+			st = h
+		}
+	}
+	return st
 }
 
 func nonNil(s []string) []string {
@@ -87,16 +98,17 @@ type ENIFilter struct {
 	PrivateIPs []string
 }
 
-func (f ENIFilter) match(v *ENIView) bool {
-	if f.VPCID != "" && v.VPCID != f.VPCID {
-		return false
-	}
-	if f.InstanceID != "" && v.InstanceID != f.InstanceID {
-		return false
-	}
-	if f.Name != "" && !strings.Contains(v.Name, f.Name) {
-		return false
-	}
+// matchRaw checks the filters that need no rendering, so a list scans
+// thousands of ENIs without building a view of each.
+func (f ENIFilter) matchRaw(e *eni, t time.Time, lagged bool) bool {
+	return visibleAt(e, t, lagged) &&
+		(f.VPCID == "" || e.VPC == f.VPCID) &&
+		(f.Name == "" || strings.Contains(e.Name, f.Name)) &&
+		(f.InstanceID == "" || statusAt(e, t, lagged).Instance == f.InstanceID)
+}
+
+// matchIPs checks the address filter on a rendered view.
+func (f ENIFilter) matchIPs(v *ENIView) bool {
 	if len(f.PrivateIPs) == 0 {
 		return true
 	}
@@ -132,8 +144,11 @@ func (w *World) ListENIs(now time.Time, lag time.Duration, f ENIFilter, marker s
 		if e == nil {
 			e = w.graveyard[id]
 		}
-		v, ok := eniAt(e, t, lag > 0)
-		if !ok || !f.match(&v) {
+		if !f.matchRaw(e, t, lag > 0) {
+			continue
+		}
+		v, _ := eniAt(e, t, lag > 0)
+		if !f.matchIPs(&v) {
 			continue
 		}
 		if len(page.ENIs) == maxKeys {

@@ -216,8 +216,11 @@ func (b *rebuild) run(enis []RestoreENI, claims []Claim) {
 				ENIs: []string{re.ENI.ID}, OtherNode: other.n.name})
 			continue
 		}
-		if err := b.n.addENI(re.ENI); err != nil { // cannot fail: validated
-			panic(fmt.Sprintf("datastore: restore: %v", err))
+		if err := b.n.addENI(re.ENI); err != nil {
+			// Unreachable after validation (fresh state, unique IDs and
+			// primaries); skip the ENI rather than panic.
+			b.conflict(Conflict{Kind: ConflictPrimaryAsSecondary, Addr: re.ENI.PrimaryIP, ENIs: []string{re.ENI.ID}})
+			continue
 		}
 		kept = append(kept, re)
 	}
@@ -267,7 +270,7 @@ func (b *rebuild) run(enis []RestoreENI, claims []Claim) {
 // place records one cloud address.
 func (b *rebuild) place(a netip.Addr, enis []string, owners []Owner, byPod map[PodKey]int) {
 	if id, ok := b.n.primaries[a]; ok {
-		b.conflict(Conflict{Kind: ConflictPrimaryAsSecondary, Addr: a, ENIs: append(enis, id), Owners: owners})
+		b.conflict(Conflict{Kind: ConflictPrimaryAsSecondary, Addr: a, ENIs: append(slices.Clone(enis), id), Owners: owners})
 		return
 	}
 	if other, ok := b.s.ipOwner[a]; ok && other != b.sl {

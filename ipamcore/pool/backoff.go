@@ -53,6 +53,10 @@ func (p BackoffPolicy) Fail(prev Backoff, attempted int, now time.Time) Backoff 
 	f := prev.Failures + 1
 	d := p.Initial
 	for i := 1; i < f && d < p.Max; i++ {
+		if d > p.Max/2 { // doubling would pass Max (or overflow)
+			d = p.Max
+			break
+		}
 		d *= 2
 	}
 	d = min(d, p.Max)

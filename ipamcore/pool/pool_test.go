@@ -90,10 +90,15 @@ func TestBackoffPolicy_Fail(t *testing.T) {
 		}
 		now = b.Until
 	}
-	// Huge failure counts must not overflow.
+	// Huge failure counts and caps must not overflow.
 	b = p.Fail(Backoff{Failures: 1000}, 1, t0)
 	if !b.Until.Equal(t0.Add(p.Max)) {
 		t.Fatalf("overflow: %+v", b)
+	}
+	huge := BackoffPolicy{Initial: 3 * time.Second, Max: time.Duration(1<<63 - 1)}
+	b = huge.Fail(Backoff{Failures: 200}, 1, t0)
+	if !b.Until.After(t0.Add(time.Hour)) {
+		t.Fatalf("overflow with huge max: %+v", b)
 	}
 }
 

@@ -36,7 +36,8 @@ type options struct {
 	credentials, subnets, instances, rateOverrides                  []string
 	pageSize, unattachedQuota, bulkInstances, bulkCPU, bulkMemGB    int
 	bulkSubnet                                                      string
-	attachDelay, detachDelay                                        time.Duration
+	attachDelay, detachDelay, replicaLag, latency                   time.Duration
+	errorRate                                                       float64
 	seed                                                            uint64
 	rateLimits                                                      bool
 }
@@ -60,6 +61,9 @@ func (o *options) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.bulkSubnet, "instance-subnet", "", "subnet of the --instances")
 	fs.IntVar(&o.bulkCPU, "instance-cpus", 8, "vCPUs of each of the --instances")
 	fs.IntVar(&o.bulkMemGB, "instance-memory-gb", 32, "memory of each of the --instances")
+	fs.DurationVar(&o.replicaLag, "replica-lag", 0, "reads show the state of this long ago; releasing a younger address fails as not found")
+	fs.DurationVar(&o.latency, "latency", 0, "added to every call (above the client's timeout it times out)")
+	fs.Float64Var(&o.errorRate, "error-rate", 0, "fraction of calls answered 500 before they are applied (the SDK retries them)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error (debug logs every request)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
 }
@@ -95,6 +99,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if err := o.populate(srv); err != nil {
+		return err
+	}
+	faults := bcesim.Faults{ReplicaLagMs: int(o.replicaLag.Milliseconds())}
+	if o.latency > 0 {
+		faults.LatencyMs = map[bcesim.Op]int{"*": int(o.latency.Milliseconds())}
+	}
+	if o.errorRate > 0 {
+		faults.ErrorRate = map[bcesim.Op]float64{"*": o.errorRate}
+	}
+	if err := srv.SetFaults(faults); err != nil {
 		return err
 	}
 	addr, err := srv.Start(o.listen)

@@ -34,7 +34,7 @@ func TestRun_ServesPrintsAddressAndStops(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--credential", "ak:sk", "--subnet", "sbn-1,cn-bj-a,10.0.0.0/24",
-			"--instance", "i-1,sbn-1,4,16", "--instances", "3", "--instance-subnet", "sbn-1", "--rate-limit", "ListENIs=0:0"}, outW, &logs)
+			"--instance", "i-1,sbn-1,4,16", "--instances", "3", "--instance-subnet", "sbn-1", "--rate-limit", "ListENIs=0:0", "--replica-lag", "250ms", "--error-rate", "0.5"}, outW, &logs)
 		outW.Close()
 	}()
 	t.Cleanup(func() {
@@ -60,6 +60,16 @@ func TestRun_ServesPrintsAddressAndStops(t *testing.T) {
 	if len(d.Subnets) != 1 || len(d.Instances) != 4 || d.Subnets[0].AvailableIP != 256-3-4 {
 		t.Fatalf("world = %d subnets, %d instances, availableIp %d", len(d.Subnets), len(d.Instances), d.Subnets[0].AvailableIP)
 	}
+	var f bcesim.Faults
+	resp3, err := http.Get("http://" + strings.TrimSpace(addr) + "/admin/faults")
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.NewDecoder(resp3.Body).Decode(&f)
+	resp3.Body.Close()
+	if f.ReplicaLagMs != 250 || f.ErrorRate["*"] != 0.5 {
+		t.Fatalf("faults from flags = %+v", f)
+	}
 	resp2, err := http.Get("http://" + strings.TrimSpace(addr) + "/admin/ratelimits")
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +92,8 @@ func TestRun_RejectsBadFlags(t *testing.T) {
 		{"--credential", "a:b", "--rate-limit", "NoSuchOp=1:1"},
 		{"--credential", "a:b", "--page-size", "5000"},
 		{"--credential", "a:b", "--log-format", "xml"},
+		{"--credential", "a:b", "--error-rate", "1.5"},
+		{"--credential", "a:b", "--replica-lag", "-1s"},
 		{"--no-such-flag"},
 	} {
 		var out, logs syncBuffer

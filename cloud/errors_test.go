@@ -46,6 +46,8 @@ func TestClassify_Table(t *testing.T) {
 		{"NoSuchObject code", nil, svc("NoSuchObject", "", 404), ClassNotFound, ErrNotFound},
 		// The code decides even when the message names another class.
 		{"code beats message", nil, svc("EniIdException", "RateLimit SubnetHasNoMoreIpException", 400), ClassENINotFound, ErrENINotFound},
+		{"code beats an earlier substring rule", nil, svc("RateLimit", "while releasing: PrivateIPNotExistException", 400), ClassRateLimit, ErrRateLimit},
+		{"quota code, message names an ENI error", nil, svc("QuotaLimitExceeded", "EniIdException eni-1", 400), ClassQuotaExceeded, ErrQuotaExceeded},
 		{"code beats 429 status", nil, svc("PrivateIpInUseException", "", 429), ClassPrivateIPInUse, ErrPrivateIPInUse},
 		// "is invalid" alone no longer means BBC-IP-not-found (upstream rule 5).
 		{"is invalid is not a class", nil, svc("InvalidParameterValue", "the name is invalid", 400), ClassInvalidRequest, ErrInvalidRequest},

@@ -19,12 +19,12 @@ func benchStore(b *testing.B, cfg Config, enis, perENI, otherNodes int) *Store {
 		node := fmt.Sprintf("node-%d", n)
 		must(b, s.AddNode(node))
 		for e := range enis {
-			k := [4]byte{10, byte(n >> 8), byte(n), byte(e * 50)}
+			k := [4]byte{10, byte(n), byte(e), 250}
 			en := ENI{ID: fmt.Sprintf("eni-%d-%d", n, e), SubnetID: "sbn", PrimaryIP: netip.AddrFrom4(k)}
 			must(b, s.AddENI(node, en))
 			addrs := make([]netip.Addr, perENI)
 			for j := range addrs {
-				k[3] = byte(e*50 + 1 + j)
+				k[3] = byte(1 + j)
 				addrs[j] = netip.AddrFrom4(k)
 			}
 			must(b, s.AddIPs(node, en.ID, addrs, t0))
@@ -34,28 +34,32 @@ func benchStore(b *testing.B, cfg Config, enis, perENI, otherNodes int) *Store {
 }
 
 // BenchmarkStore_AllocateRelease: one CNI ADD plus one CNI DEL on a node
-// with a warm pool of 2 ENIs x 15 addresses, 10 pods already running, and
-// 99 other nodes. Cooling is on and time advances 1ms per op, so the pool
+// with a warm pool (ENIs x addresses), 10 pods already running, and 99
+// other nodes. Cooling is on and time advances 1s per op, so the pool
 // rotates through cooling addresses as in production.
 func BenchmarkStore_AllocateRelease(b *testing.B) {
-	s := benchStore(b, Config{}, 2, 15, 99)
-	for i := range 10 {
-		_, err := s.Allocate("node-0", Request{Owner: owner(fmt.Sprintf("run-%d", i), "c")}, t0)
-		must(b, err)
-	}
-	o := owner("pod", "c0")
-	now := t0
-	b.ReportAllocs()
-	b.ResetTimer()
-	for b.Loop() {
-		now = now.Add(time.Second)
-		got, err := s.Allocate("node-0", Request{Owner: o}, now)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := s.Release("node-0", got.Addr, o.ContainerID, now); err != nil {
-			b.Fatal(err)
-		}
+	for _, size := range []struct{ enis, perENI int }{{2, 15}, {8, 39}} {
+		b.Run(fmt.Sprintf("%dx%d", size.enis, size.perENI), func(b *testing.B) {
+			s := benchStore(b, Config{}, size.enis, size.perENI, 99)
+			for i := range 10 {
+				_, err := s.Allocate("node-0", Request{Owner: owner(fmt.Sprintf("run-%d", i), "c")}, t0)
+				must(b, err)
+			}
+			o := owner("pod", "c0")
+			now := t0
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				now = now.Add(time.Second)
+				got, err := s.Allocate("node-0", Request{Owner: o}, now)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := s.Release("node-0", got.Addr, o.ContainerID, now); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

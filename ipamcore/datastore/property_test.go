@@ -26,7 +26,7 @@ func TestStore_Property(t *testing.T) {
 	for range *propSteps {
 		h.step()
 	}
-	t.Logf("%d ops: %v", h.total(), h.counts)
+	t.Logf("cooldown %s, %d ops: %v", h.s.Cooldown(), h.total(), h.counts)
 	if h.counts["Allocate"] == 0 || h.counts["Restore"] == 0 {
 		t.Fatalf("op mix degenerate: %v", h.counts)
 	}

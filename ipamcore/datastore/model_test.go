@@ -389,6 +389,9 @@ func (m *model) restore(n string, in RestoreInput, now time.Time) []string {
 			continue
 		}
 		m.enis[re.ENI.ID] = mENI{node: n, info: re.ENI}
+		if r, ok := m.ips[re.ENI.PrimaryIP]; ok && r.node != n {
+			confs = append(confs, conf{re.ENI.PrimaryIP, ConflictIPOnOtherNode})
+		}
 		for _, a := range re.IPs {
 			if !slices.Contains(where[a], re.ENI.ID) {
 				where[a] = append(where[a], re.ENI.ID)

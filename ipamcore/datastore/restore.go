@@ -48,7 +48,9 @@ const (
 	// not have. Nothing is recorded.
 	ConflictClaimNotOnNode
 	// ConflictIPOnOtherNode: the address is recorded on another stored
-	// node. Nothing is recorded here; the other node keeps it.
+	// node. Nothing is recorded here; the other node keeps it. Also
+	// reported when an ENI's primary address is a secondary address of
+	// another node (the ENI is kept).
 	ConflictIPOnOtherNode
 	// ConflictENIOnOtherNode: the ENI is recorded on another stored node.
 	// The ENI and its addresses are skipped.
@@ -221,6 +223,13 @@ func (b *rebuild) run(enis []RestoreENI, claims []Claim) {
 			// primaries); skip the ENI rather than panic.
 			b.conflict(Conflict{Kind: ConflictPrimaryAsSecondary, Addr: re.ENI.PrimaryIP, ENIs: []string{re.ENI.ID}})
 			continue
+		}
+		if other, ok := b.s.ipOwner[re.ENI.PrimaryIP]; ok && other != b.sl {
+			// The cloud says this is a primary here; the other node's
+			// record is stale. Keep the ENI (dropping it would drop pod
+			// addresses) and report it.
+			b.conflict(Conflict{Kind: ConflictIPOnOtherNode, Addr: re.ENI.PrimaryIP,
+				ENIs: []string{re.ENI.ID}, OtherNode: other.n.name})
 		}
 		kept = append(kept, re)
 	}

@@ -101,6 +101,12 @@ func TestStore_Restore(t *testing.T) {
 				"ip-on-other-node 10.0.9.9 enis=[eni-1] other-node=node-b"}},
 		},
 		{
+			name: "primary that another node holds as a secondary: eni kept, reported",
+			in:   RestoreInput{ENIs: renis(re(eni("eni-9", "sbn-9", "", "10.0.9.9"), "10.0.9.10"))},
+			want: want{idle: 1, conflicts: []string{
+				"ip-on-other-node 10.0.9.9 enis=[eni-9] other-node=node-b"}},
+		},
+		{
 			name: "eni recorded on another node",
 			in:   RestoreInput{ENIs: renis(re(eni("eni-b", "sbn-9", "", "10.0.9.2"), "10.0.9.20"), re(e1, "10.0.1.10"))},
 			want: want{idle: 1, conflicts: []string{

@@ -27,7 +27,9 @@
 //		Get(ctx, v1alpha1.IPPoolName(node.Name), metav1.GetOptions{})
 //
 // Objects read from a lister are shared with the cache: DeepCopy before
-// changing them. The constants in wellknown.go name the labels, annotations,
+// changing them. The server keeps fields these types do not know, but a typed
+// Update replaces the whole object and so drops them; change single fields of
+// objects that may carry such data with a merge patch instead. The constants in wellknown.go name the labels, annotations,
 // finalizer and enumerated values the two systems agree on.
 //
 // The deepcopy functions, the clientset, listers, informers and the CRD

@@ -197,3 +197,42 @@ func TestStore_Concurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestStore_Verify_Concurrent: Verify sees a consistent state (no false
+// alarms) while nodes change under it.
+func TestStore_Verify_Concurrent(t *testing.T) {
+	s, err := New(Config{NoCooldown: true})
+	must(t, err)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := range 3 {
+		node := fmt.Sprintf("v%d", w)
+		must(t, s.AddNode(node))
+		must(t, s.AddENI(node, ENI{ID: "eni-" + node, SubnetID: "s", PrimaryIP: netip.AddrFrom4([4]byte{10, 9, byte(w), 1})}))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				a := netip.AddrFrom4([4]byte{10, 9, byte(w), byte(10 + i%50)})
+				if err := s.AddIPs(node, "eni-"+node, []netip.Addr{a}, t0); err != nil {
+					_, _ = s.RemoveIP(node, a)
+				}
+				_, _ = s.Allocate(node, Request{Owner: owner(fmt.Sprintf("p%d", i%7), "c")}, t0)
+			}
+		}()
+	}
+	for range 300 {
+		if err := s.Verify(); err != nil {
+			close(stop)
+			wg.Wait()
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+}

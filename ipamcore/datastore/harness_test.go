@@ -379,7 +379,7 @@ func (h *harness) stats(n string) {
 // exactly like the model, then the lookups.
 func (h *harness) verify(op string) {
 	h.t.Helper()
-	if err := h.s.checkInvariants(); err != nil {
+	if err := h.s.Verify(); err != nil {
 		h.fail(op, "invariants: %v", err)
 	}
 	nodes := make([]string, 0, len(h.m.nodes))

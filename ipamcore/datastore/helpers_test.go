@@ -52,7 +52,7 @@ func must(t testing.TB, err error) {
 
 func check(t testing.TB, s *Store) {
 	t.Helper()
-	if err := s.checkInvariants(); err != nil {
+	if err := s.Verify(); err != nil {
 		t.Fatalf("invariants: %v", err)
 	}
 }

@@ -6,23 +6,29 @@ import (
 	"net/netip"
 )
 
-// checkInvariants verifies the whole store: counters match the records,
-// each ENI's idle heap holds exactly its idle records in heap order, the
+// Verify checks the whole store and returns every violation found:
+// counters match the records, each ENI's idle heap holds exactly its idle records in heap order, the
 // pod index holds exactly the assigned records, cross-subnet records are
 // never idle, no address is a primary, and the cross-node indexes agree
 // with the nodes (so no address is on two ENIs or two nodes). Tests call it
-// after every step; it takes every lock, so it must not run while the
-// caller holds one.
-func (s *Store) checkInvariants() error {
+// after every step; a replica may call it from a debug endpoint or an e2e
+// invariant check. It locks every node at once to see one consistent
+// state, so it stalls all allocations while it runs: not for a hot path.
+func (s *Store) Verify() error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	// No other path holds two node locks, so taking them all cannot
+	// deadlock; index writers hold a node lock, so the index is quiet too.
+	for _, sl := range s.nodes {
+		sl.mu.Lock()
+		defer sl.mu.Unlock()
+	}
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 
 	seenIP := make(map[netip.Addr]string)
 	ips, enis := 0, 0
 	for name, sl := range s.nodes {
-		sl.mu.Lock()
 		n := sl.n
 		if n.name != name {
 			bad("node %s stored under %s", n.name, name)
@@ -114,7 +120,6 @@ func (s *Store) checkInvariants() error {
 		}
 		ips += len(n.ips)
 		enis += len(n.enis)
-		sl.mu.Unlock()
 	}
 	s.idxMu.Lock()
 	if len(s.ipOwner) != ips {

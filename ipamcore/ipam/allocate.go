@@ -1,0 +1,234 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/cni"
+	"github.com/cce-ipam/sharded/ipamcore/datastore"
+)
+
+var _ cni.Backend = (*IPAM)(nil)
+
+// ErrPoolExhausted is returned when a node's pool stayed empty for
+// Config.AllocateWait; kubelet retries the ADD.
+var ErrPoolExhausted = errors.New("no idle IP on the node")
+
+// Allocate implements cni.Backend for ordinary pods.
+func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, error) {
+	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
+	defer unlock()
+
+	pod, err := i.getPod(ctx, ref.Namespace, ref.Name)
+	if err != nil {
+		return cni.Endpoint{}, err
+	}
+	n, ok := i.node(pod.Spec.NodeName)
+	if !ok {
+		return cni.Endpoint{}, fmt.Errorf("%w: %s", ErrNodeNotServed, pod.Spec.NodeName)
+	}
+	owner := datastore.Owner{Namespace: ref.Namespace, Name: ref.Name, ContainerID: ref.ContainerID}
+
+	// A repeated ADD of the same sandbox gets the same answer.
+	if wep, err := i.weps.WorkloadEndpoints(ref.Namespace).Get(ref.Name); err == nil &&
+		wep.Spec.ContainerID == ref.ContainerID && wep.Spec.Node == n.name {
+		return endpointOf(wep), nil
+	}
+
+	info, err := i.takeIP(ctx, n, owner)
+	if err != nil {
+		i.metrics.allocations.WithLabelValues("error").Inc()
+		return cni.Endpoint{}, err
+	}
+	wep, err := i.commit(ctx, pod, n, info)
+	if err != nil {
+		// Nothing names the IP: put it back (no cooling needed, no pod
+		// ever used it, but the store's Release applies it; harmless).
+		if _, rerr := i.store.Release(n.name, info.Addr, ref.ContainerID, i.deps.Clock.Now()); rerr != nil {
+			i.log.Error("rollback of an uncommitted IP failed", "node", n.name, "ip", info.Addr, "err", rerr)
+		}
+		i.metrics.allocations.WithLabelValues("error").Inc()
+		return cni.Endpoint{}, err
+	}
+	i.metrics.allocations.WithLabelValues("ok").Inc()
+	if st, err := i.store.Stats(n.name, i.deps.Clock.Now()); err == nil && st.Idle < i.cfg.IdleMin {
+		n.poke()
+	}
+	return endpointOf(wep), nil
+}
+
+// takeIP assigns an idle IP, waking the pool worker and waiting (bounded) for
+// a refill when the pool is empty.
+func (i *IPAM) takeIP(ctx context.Context, n *node, owner datastore.Owner) (datastore.IPInfo, error) {
+	// An IP the store already gave this pod (a new sandbox of the same pod,
+	// or an ADD retried after a failed commit) is moved to the new sandbox.
+	if held, err := i.store.LookupPod(n.name, datastore.PodKey{Namespace: owner.Namespace, Name: owner.Name}); err == nil &&
+		held.State == datastore.StateAssigned {
+		if held.Owner.ContainerID == owner.ContainerID {
+			return held, nil
+		}
+		if _, err := i.store.Release(n.name, held.Addr, held.Owner.ContainerID, i.deps.Clock.Now()); err == nil {
+			if info, err := i.store.AllocateSpecific(n.name, held.Addr, owner); err == nil {
+				return info, nil
+			}
+		}
+	}
+
+	deadline := i.deps.Clock.NewTimer(i.cfg.AllocateWait)
+	defer deadline.Stop()
+	for {
+		info, again, err := i.tryTake(ctx, n, owner, deadline.C())
+		if !again {
+			return info, err
+		}
+	}
+}
+
+// tryTake makes one attempt; again=true means a refill or a cooled address
+// may now satisfy the next attempt.
+func (i *IPAM) tryTake(ctx context.Context, n *node, owner datastore.Owner, deadline <-chan time.Time) (info datastore.IPInfo, again bool, err error) {
+	// Register before trying so that a refill between the try and the
+	// wait is not missed.
+	refilled, done := n.waitRefill()
+	defer done()
+	info, err = i.store.Allocate(n.name, datastore.Request{Owner: owner}, i.deps.Clock.Now())
+	if err == nil || !errors.Is(err, datastore.ErrNoIdleIP) {
+		return info, false, err
+	}
+	n.poke()
+	var cooled <-chan time.Time
+	var cooling *datastore.CoolingError
+	if errors.As(err, &cooling) {
+		t := i.deps.Clock.NewTimer(cooling.ReadyAt.Sub(i.deps.Clock.Now()))
+		defer t.Stop()
+		cooled = t.C()
+	}
+	select {
+	case <-refilled:
+		return datastore.IPInfo{}, true, nil
+	case <-cooled:
+		return datastore.IPInfo{}, true, nil
+	case <-deadline:
+		return datastore.IPInfo{}, false, fmt.Errorf("%w %s after %s: %v", ErrPoolExhausted, n.name, i.cfg.AllocateWait, n.lastError())
+	case <-ctx.Done():
+		return datastore.IPInfo{}, false, ctx.Err()
+	}
+}
+
+// commit writes the WorkloadEndpoint: the allocation's commit point.
+func (i *IPAM) commit(ctx context.Context, pod *corev1.Pod, n *node, info datastore.IPInfo) (*cce.WorkloadEndpoint, error) {
+	want := i.newWEP(pod, n, info)
+	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(pod.Namespace)
+	wep, err := client.Create(ctx, want, metav1.CreateOptions{})
+	if err == nil {
+		return wep, nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create WorkloadEndpoint: %w", err)
+	}
+	// A wep of an earlier sandbox (or of this pod on another node): take it
+	// over with the resourceVersion we read, so a concurrent writer loses.
+	old, err := client.Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("read existing WorkloadEndpoint: %w", err)
+	}
+	if old.Spec.Node != n.name || old.Spec.IP != info.Addr.String() {
+		i.releaseStale(old)
+	}
+	want.ResourceVersion = old.ResourceVersion
+	want.Finalizers = old.Finalizers
+	wep, err = client.Update(ctx, want, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("update WorkloadEndpoint: %w", err)
+	}
+	return wep, nil
+}
+
+// releaseStale frees the IP an overwritten wep named, when this replica
+// serves its node; otherwise the IP is left to that node's leaked-IP GC.
+func (i *IPAM) releaseStale(old *cce.WorkloadEndpoint) {
+	addr, err := netip.ParseAddr(old.Spec.IP)
+	if err != nil {
+		return
+	}
+	if _, ok := i.node(old.Spec.Node); !ok {
+		return
+	}
+	if _, err := i.store.Release(old.Spec.Node, addr, old.Spec.ContainerID, i.deps.Clock.Now()); err != nil &&
+		!errors.Is(err, datastore.ErrUnknownIP) && !errors.Is(err, datastore.ErrNotAssigned) {
+		i.log.Warn("could not free the IP of an overwritten WorkloadEndpoint", "wep", old.Namespace+"/"+old.Name, "ip", old.Spec.IP, "err", err)
+	}
+}
+
+func (i *IPAM) newWEP(pod *corev1.Pod, n *node, info datastore.IPInfo) *cce.WorkloadEndpoint {
+	typ := cce.WorkloadEndpointTypePod
+	labels := map[string]string{
+		cce.LabelSubnetID:     info.SubnetID,
+		cce.LabelInstanceType: cce.InstanceTypeBCC,
+	}
+	for _, ref := range pod.OwnerReferences {
+		if ref.Kind == "StatefulSet" && ref.Controller != nil && *ref.Controller {
+			typ = cce.WorkloadEndpointTypeStatefulSet
+			labels[cce.LabelOwner] = ref.Name
+		}
+	}
+	return &cce.WorkloadEndpoint{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:       pod.Name,
+			Namespace:  pod.Namespace,
+			Labels:     labels,
+			Finalizers: []string{cce.WorkloadEndpointFinalizer},
+		},
+		Spec: cce.WorkloadEndpointSpec{
+			ContainerID:       info.Owner.ContainerID,
+			IP:                info.Addr.String(),
+			Type:              typ,
+			Mac:               info.MAC,
+			ENIID:             info.ENIID,
+			Node:              n.name,
+			InstanceID:        n.instanceID,
+			SubnetID:          info.SubnetID,
+			EnableFixIP:       pod.Annotations[cce.AnnotationStsEnableFixIP],
+			FixIPDeletePolicy: pod.Annotations[cce.AnnotationStsPodFixIPDeletePolicy],
+			UpdateAt:          metav1.NewTime(i.deps.Clock.Now()),
+		},
+	}
+}
+
+// getPod reads the pod from the cache, and from the API server when the
+// cache has not seen it yet (a pod bound a moment ago).
+func (i *IPAM) getPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	pod, err := i.pods.Pods(namespace).Get(name)
+	if apierrors.IsNotFound(err) {
+		pod, err = i.deps.Kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+	}
+	if pod.Spec.NodeName == "" {
+		return nil, fmt.Errorf("pod %s/%s is not bound to a node", namespace, name)
+	}
+	return pod, nil
+}
+
+func endpointOf(w *cce.WorkloadEndpoint) cni.Endpoint {
+	return cni.Endpoint{
+		IP:                w.Spec.IP,
+		Type:              w.Spec.Type,
+		MAC:               w.Spec.Mac,
+		Gateway:           w.Spec.Gw,
+		ENIID:             w.Spec.ENIID,
+		Node:              w.Spec.Node,
+		SubnetID:          w.Spec.SubnetID,
+		EnableFixIP:       w.Spec.EnableFixIP,
+		FixIPDeletePolicy: w.Spec.FixIPDeletePolicy,
+	}
+}

@@ -1,0 +1,91 @@
+package ipam
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// Config tunes the IPAM. Every replica of a cluster uses the same values.
+type Config struct {
+	// ClusterID names the cluster; ENIs of this cluster are named
+	// "<ClusterID>/...". Required.
+	ClusterID string
+	// VPCID is the cluster's VPC. Required.
+	VPCID string
+	// IdleMin is the number of idle IPs each node keeps ready. Defaults to 2.
+	IdleMin int
+	// IdleMax is the most idle IPs a node keeps; a release above it returns
+	// the IP to the cloud, and the pool worker trims to it. Defaults to 6.
+	IdleMax int
+	// BatchAdd is the number of IPs asked for in one cloud call (≤ 10).
+	// Defaults to 4.
+	BatchAdd int
+	// PoolCheckPeriod is how often each node's pool is checked against
+	// IdleMin / IdleMax. Defaults to 30s.
+	PoolCheckPeriod time.Duration
+	// AllocateWait bounds how long an allocation waits for the pool to be
+	// refilled before failing with a retryable error. Defaults to 10s.
+	AllocateWait time.Duration
+	// Cooldown keeps a released IP out of the pool for this long, so the old
+	// pod's datapath state drains first. Defaults to 5s.
+	Cooldown time.Duration
+}
+
+// RegisterFlags binds the config to command-line flags with the reference's
+// names where it has them.
+func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.ClusterID, "cluster-id", "", "CCE cluster ID; ENIs of the cluster are named <cluster-id>/... (required)")
+	fs.StringVar(&c.VPCID, "vpc-id", "", "VPC of the cluster (required)")
+	fs.IntVar(&c.IdleMin, "idle-ip-pool-min-size", 2, "idle IPs kept ready on each node")
+	fs.IntVar(&c.IdleMax, "idle-ip-pool-max-size", 6, "most idle IPs kept on a node; more are returned to the cloud")
+	fs.IntVar(&c.BatchAdd, "batch-add-ip-num", 4, "IPs requested per cloud call when the pool grows (at most 10)")
+	fs.DurationVar(&c.PoolCheckPeriod, "pool-check-period", 30*time.Second, "how often each node's pool is checked against its bounds")
+	fs.DurationVar(&c.AllocateWait, "allocate-wait", 10*time.Second, "how long an allocation waits for the pool to refill")
+	fs.DurationVar(&c.Cooldown, "ip-cooling-period", 5*time.Second, "how long a released IP rests before it is handed out again")
+}
+
+func (c *Config) defaults() {
+	if c.IdleMin == 0 {
+		c.IdleMin = 2
+	}
+	if c.IdleMax == 0 {
+		c.IdleMax = 6
+	}
+	if c.BatchAdd == 0 {
+		c.BatchAdd = 4
+	}
+	if c.PoolCheckPeriod == 0 {
+		c.PoolCheckPeriod = 30 * time.Second
+	}
+	if c.AllocateWait == 0 {
+		c.AllocateWait = 10 * time.Second
+	}
+	if c.Cooldown == 0 {
+		c.Cooldown = 5 * time.Second
+	}
+}
+
+// Validate reports a config that cannot work, after defaults are applied.
+func (c Config) Validate() error {
+	c.defaults()
+	var errs []error
+	if c.ClusterID == "" {
+		errs = append(errs, errors.New("cluster ID is required"))
+	}
+	if c.VPCID == "" {
+		errs = append(errs, errors.New("VPC ID is required"))
+	}
+	if c.IdleMin < 0 || c.IdleMax < c.IdleMin {
+		errs = append(errs, fmt.Errorf("idle pool bounds [%d, %d] are not a range", c.IdleMin, c.IdleMax))
+	}
+	if c.BatchAdd < 1 || c.BatchAdd > 10 {
+		errs = append(errs, fmt.Errorf("batch add %d must be within 1..10", c.BatchAdd))
+	}
+	if c.PoolCheckPeriod < 0 || c.AllocateWait < 0 || c.Cooldown < 0 {
+		errs = append(errs, errors.New("periods must not be negative"))
+	}
+	return errors.Join(errs...)
+}

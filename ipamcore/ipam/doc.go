@@ -1,0 +1,29 @@
+// Package ipam is the informer-driven IPAM for a dynamic set of owned nodes:
+// it serves cni.Backend (AllocateIP / ReleaseIP / CheckIP) for the nodes it
+// has been told to serve, keeps each node's warm pool of ENI secondary IPs
+// through the cloud, and records every assignment as a WorkloadEndpoint.
+//
+// The pieces:
+//   - datastore.Store (pure) holds node → ENI → IPs;
+//   - this package does the I/O around it: informers for pods, nodes and
+//     WorkloadEndpoints, the cloud.Provider, and one pool worker per served
+//     node that grows the pool when an allocation finds it empty (passive)
+//     or idle falls below the minimum (active), and trims it above the max.
+//
+// Who serves which node is decided outside (one replica serving everything,
+// or the shard layer): ServeNode builds one node's state from the cloud's
+// ENIs and a quorum read of its WorkloadEndpoints, StopServingNode drops it;
+// neither touches other nodes.
+//
+//	ip, _ := ipam.New(cfg, ipam.Deps{Kube: kc, CCE: cc, Cloud: provider}, logger, reg)
+//	go ip.Run(ctx)                     // informers + pool workers
+//	_ = ip.ServeNode(ctx, "10.0.1.7")  // rebuild from cloud + weps
+//	rpc.RegisterCNIBackendServer(grpcServer, cni.NewServer(cniCfg, ip, logger, reg))
+//
+// The WorkloadEndpoint is the commit point of an allocation: the datastore
+// marks an IP assigned first, the wep Create commits it, and a failed Create
+// puts the IP back. A release deletes the wep first and only then frees the
+// IP, so an IP is never free while a wep still names it. ADD and DEL of the
+// same pod are serialised by a per-pod lock; different pods never wait on
+// each other, and no lock is held across a cloud call.
+package ipam

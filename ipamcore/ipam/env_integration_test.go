@@ -1,0 +1,338 @@
+//go:build integration
+
+package ipam_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/cloud/bcesim"
+	"github.com/cce-ipam/sharded/e2e/cluster"
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/cni"
+	"github.com/cce-ipam/sharded/ipamcore/datastore"
+	"github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+const (
+	testAK      = "AKIPAMTEST"
+	testSK      = "SKipamTestSecret"
+	testVPC     = "vpc-ipam"
+	testZone    = "cn-bj-a"
+	testCluster = "cce-ipamtest"
+	maxIPPerENI = 40 // what bce-sim allows for the 128 GB instances below
+)
+
+var (
+	cp          *cluster.Cluster
+	installCRDs sync.Once
+	crdErr      error
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(cluster.RunTests(m, cluster.Options{}, &cp))
+}
+
+// env is one test's world: bce-sim with a subnet and instances, Node objects
+// backed by them (each with one attached ENI, as the node agent leaves it),
+// and an IPAM serving them behind a real gRPC server.
+type env struct {
+	t        *testing.T
+	ctx      context.Context
+	sim      *bcesim.Server
+	cloud    *cloud.Client
+	kube     kubernetes.Interface
+	cce      versioned.Interface
+	ns       string
+	nodes    []string
+	instance map[string]string // node → instance ID
+	cfg      ipam.Config
+
+	ipam *ipam.IPAM
+	cni  rpc.CNIBackendClient
+	stop func()
+}
+
+func newEnv(t *testing.T, prefix string, nodes int, cfg ipam.Config) *env {
+	t.Helper()
+	installCRDs.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		crdErr = cp.InstallCRDs(ctx, filepath.Join("..", "..", "charts", "cce-ipam", "crds"))
+	})
+	if crdErr != nil {
+		t.Fatal(crdErr)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e := &env{t: t, ctx: ctx, instance: map[string]string{}, ns: cp.Namespace(t)}
+	e.kube = kubernetes.NewForConfigOrDie(cp.Config)
+	e.cce = versioned.NewForConfigOrDie(cp.Config)
+
+	sim, err := bcesim.New(bcesim.Config{Credentials: map[string]string{testAK: testSK}, PageSize: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sim.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() })
+	e.sim = sim
+	subnet, err := sim.AddSubnet(bcesim.SubnetSpec{ID: "sbn-" + prefix, ZoneName: testZone, CIDR: "10.1.0.0/20", VPCID: testVPC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sg, err := sim.AddSecurityGroup(bcesim.SecurityGroupSpec{ID: "g-" + prefix, VPCID: testVPC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cloud, err = cloud.New(cloud.Config{
+		Endpoint: sim.URL(), Region: "bj", AccessKeyID: testAK, SecretAccessKey: testSK,
+		Rate: 1e6, Burst: 1e6, SDKRetryBase: time.Millisecond, ThrottleBackoff: time.Millisecond,
+	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.cloud.Close)
+
+	for k := range nodes {
+		name := fmt.Sprintf("%s-node-%02d", prefix, k)
+		inst, err := sim.AddInstance(bcesim.InstanceSpec{
+			ID: fmt.Sprintf("i-%s-%02d", prefix, k), SubnetID: subnet, CPUCount: 16, MemoryGB: 128, SecurityGroupIDs: []string{sg},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eni, err := e.cloud.CreateENI(ctx, cloud.CreateENIRequest{
+			Name: testCluster + "/" + name, SubnetID: subnet, SecurityGroupIDs: []string{sg},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.cloud.AttachENI(ctx, eni, inst); err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{
+				cce.AnnotationMaxIPPerENI: strconv.Itoa(maxIPPerENI),
+			}},
+			Spec: corev1.NodeSpec{ProviderID: "cce://" + inst},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.kube.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		e.nodes = append(e.nodes, name)
+		e.instance[name] = inst
+	}
+	cfg.ClusterID, cfg.VPCID = testCluster, testVPC
+	e.cfg = cfg
+	e.start()
+	return e
+}
+
+// start runs a fresh IPAM (a new process, as far as state goes) serving every
+// node, behind a gRPC server on 127.0.0.1.
+func (e *env) start() {
+	t := e.t
+	t.Helper()
+	ip, err := ipam.New(e.cfg, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: e.cloud}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	runErr := make(chan error, 1)
+	go func() { runErr <- ip.Run(ctx) }()
+	for _, n := range e.nodes {
+		if err := ip.ServeNode(ctx, n); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	rpc.RegisterCNIBackendServer(gs, cni.NewServer(cni.Config{}, ip, nil, nil))
+	go func() { _ = gs.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	e.stop = func() {
+		once.Do(func() {
+			_ = conn.Close()
+			gs.Stop()
+			cancel()
+			if err := <-runErr; err != nil {
+				t.Errorf("ipam Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(e.stop)
+	e.ipam, e.cni = ip, rpc.NewCNIBackendClient(conn)
+}
+
+// restart stops the IPAM and starts a new one with empty memory.
+func (e *env) restart() {
+	e.stop()
+	e.start()
+}
+
+type podRef struct {
+	name, node, containerID string
+}
+
+// createPods creates bound pods, as the scheduler would leave them.
+func (e *env) createPods(prefix string, perNode int) []podRef {
+	e.t.Helper()
+	var pods []podRef
+	for _, n := range e.nodes {
+		for k := range perNode {
+			p := podRef{name: fmt.Sprintf("%s-%s-%d", prefix, n, k), node: n, containerID: fmt.Sprintf("%064x", len(pods)+1)}
+			_, err := e.kube.CoreV1().Pods(e.ns).Create(e.ctx, &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: p.name},
+				Spec:       corev1.PodSpec{NodeName: n, Containers: []corev1.Container{{Name: "c", Image: "pause"}}},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			pods = append(pods, p)
+		}
+	}
+	return pods
+}
+
+// allocateAll calls AllocateIP for every pod from `workers` goroutines and
+// returns pod name → reply. A "busy" answer is retried, as kubelet would.
+func (e *env) allocateAll(pods []podRef, workers int) map[string]*rpc.ENIMultiIPReply {
+	e.t.Helper()
+	out := map[string]*rpc.ENIMultiIPReply{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	work := make(chan podRef)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for p := range work {
+				reply, err := e.allocate(p)
+				mu.Lock()
+				if err != nil {
+					e.t.Errorf("allocate %s: %v", p.name, err)
+				} else {
+					out[p.name] = reply
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, p := range pods {
+		work <- p
+	}
+	close(work)
+	wg.Wait()
+	return out
+}
+
+func (e *env) allocate(p podRef) (*rpc.ENIMultiIPReply, error) {
+	for attempt := 0; ; attempt++ {
+		reply, err := e.cni.AllocateIP(e.ctx, &rpc.AllocateIPRequest{
+			K8SPodName: p.name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: p.containerID,
+		})
+		if err != nil {
+			return nil, err
+		}
+		if reply.IsSuccess {
+			return reply.GetENIMultiIP(), nil
+		}
+		if attempt > 20 {
+			return nil, fmt.Errorf("%s", reply.ErrMsg)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *env) release(p podRef) (*rpc.ReleaseIPReply, error) {
+	return e.cni.ReleaseIP(e.ctx, &rpc.ReleaseIPRequest{
+		K8SPodName: p.name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: p.containerID,
+	})
+}
+
+// cloudIPs returns, per instance, the non-primary addresses bce-sim has on
+// the instance's ENIs.
+func (e *env) cloudIPs() map[string]map[string]bool {
+	out := map[string]map[string]bool{}
+	for _, eni := range e.sim.Dump().ENIs {
+		if out[eni.InstanceID] == nil {
+			out[eni.InstanceID] = map[string]bool{}
+		}
+		for _, ip := range eni.PrivateIPSet {
+			if !ip.Primary {
+				out[eni.InstanceID][ip.PrivateIPAddress] = true
+			}
+		}
+	}
+	return out
+}
+
+// checkNoLeak proves every cloud IP of every node is known to the datastore
+// and vice versa (I4 for a settled pool), and bce-sim's own invariants hold.
+func (e *env) checkNoLeak() {
+	e.t.Helper()
+	if err := e.sim.Check(); err != nil {
+		e.t.Fatalf("bce-sim invariants: %v", err)
+	}
+	cloudIPs := e.cloudIPs()
+	for _, n := range e.nodes {
+		st, err := e.ipam.Stats(n)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if got := len(cloudIPs[e.instance[n]]); got != st.Total {
+			e.t.Errorf("node %s: cloud has %d IPs, datastore %d (leak or loss)", n, got, st.Total)
+		}
+	}
+}
+
+func (e *env) stats(n string) datastore.NodeStats {
+	e.t.Helper()
+	st, err := e.ipam.Stats(n)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return st
+}
+
+// eventually polls cond for up to d (e2e-style: the pool worker runs on its
+// own goroutine).
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

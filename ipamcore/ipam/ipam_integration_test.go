@@ -1,0 +1,174 @@
+//go:build integration
+
+package ipam_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+// 20 nodes × 30 pods allocate and release through the gRPC service: every pod
+// gets a unique IP that bce-sim shows on an ENI of the pod's node, its
+// WorkloadEndpoint matches, and after release the pools settle within
+// [IdleMin, IdleMax] with nothing leaked.
+func TestIPAM_AllocateRelease_20Nodes30Pods(t *testing.T) {
+	e := newEnv(t, "ar", 20, ipam.Config{IdleMin: 2, IdleMax: 6, PoolCheckPeriod: 200 * time.Millisecond, Cooldown: time.Second})
+	pods := e.createPods("p", 30)
+	replies := e.allocateAll(pods, 16)
+	if len(replies) != len(pods) {
+		t.Fatalf("%d of %d pods got an IP", len(replies), len(pods))
+	}
+
+	eniOwner := map[string]string{} // ENI → instance, from bce-sim
+	ipENI := map[string]string{}    // IP → ENI, from bce-sim
+	for _, eni := range e.sim.Dump().ENIs {
+		eniOwner[eni.ENIID] = eni.InstanceID
+		for _, ip := range eni.PrivateIPSet {
+			ipENI[ip.PrivateIPAddress] = eni.ENIID
+		}
+	}
+	seen := map[string]string{}
+	for _, p := range pods {
+		r := replies[p.name]
+		if other, dup := seen[r.IP]; dup {
+			t.Fatalf("I3 violated: %s and %s both got %s", other, p.name, r.IP)
+		}
+		seen[r.IP] = p.name
+		if _, err := netip.ParseAddr(r.IP); err != nil {
+			t.Fatalf("%s got %q", p.name, r.IP)
+		}
+		if r.Node != p.node || ipENI[r.IP] != r.ENIID || eniOwner[r.ENIID] != e.instance[p.node] {
+			t.Fatalf("%s (node %s, instance %s): reply %v, but bce-sim has %s on ENI %q of instance %q",
+				p.name, p.node, e.instance[p.node], r, r.IP, ipENI[r.IP], eniOwner[ipENI[r.IP]])
+		}
+		wep, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, p.name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("wep of %s: %v", p.name, err)
+		}
+		if wep.Spec.IP != r.IP || wep.Spec.ENIID != r.ENIID || wep.Spec.Node != p.node || wep.Spec.ContainerID != p.containerID {
+			t.Fatalf("wep of %s = %+v, reply %v", p.name, wep.Spec, r)
+		}
+	}
+	for _, n := range e.nodes {
+		if st := e.stats(n); st.Assigned != 30 {
+			t.Fatalf("node %s: %d assigned, want 30", n, st.Assigned)
+		}
+	}
+
+	// A repeated ADD of the same sandbox gets the same IP.
+	again, err := e.allocate(pods[0])
+	if err != nil || again.IP != replies[pods[0].name].IP {
+		t.Fatalf("repeated ADD = %v, %v; want %s", again, err, replies[pods[0].name].IP)
+	}
+	// A DEL with a stale container ID frees nothing.
+	stale := pods[0]
+	stale.containerID = "0000stale"
+	if r, err := e.release(stale); err != nil || !r.IsSuccess || r.GetENIMultiIP() != nil {
+		t.Fatalf("stale DEL = %v, %v; want success without payload", r, err)
+	}
+	if _, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, pods[0].name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("stale DEL removed the wep: %v", err)
+	}
+
+	for _, p := range pods {
+		r, err := e.release(p)
+		if err != nil || !r.IsSuccess || r.GetENIMultiIP().GetIP() != replies[p.name].IP {
+			t.Fatalf("release %s = %v, %v", p.name, r, err)
+		}
+	}
+	// A repeated DEL is a success without payload.
+	if r, err := e.release(pods[0]); err != nil || !r.IsSuccess || r.GetENIMultiIP() != nil {
+		t.Fatalf("repeated DEL = %v, %v", r, err)
+	}
+	weps, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).List(e.ctx, metav1.ListOptions{})
+	if err != nil || len(weps.Items) != 0 {
+		t.Fatalf("%d weps left after release (err %v)", len(weps.Items), err)
+	}
+	eventually(t, 30*time.Second, "every pool within [IdleMin, IdleMax]", func() bool {
+		for _, n := range e.nodes {
+			st := e.stats(n)
+			if st.Assigned != 0 || st.Idle < e.cfg.IdleMin || st.Idle > e.cfg.IdleMax {
+				return false
+			}
+		}
+		return true
+	})
+	e.checkNoLeak()
+}
+
+// Restarting the IPAM rebuilds its state from the cloud and the weps, and
+// allocations across the restart never hand out an IP twice.
+func TestIPAM_RestartRebuildsAndNeverDuplicates(t *testing.T) {
+	e := newEnv(t, "rs", 3, ipam.Config{IdleMin: 2, IdleMax: 6, PoolCheckPeriod: 200 * time.Millisecond})
+	before := e.createPods("a", 8)
+	first := e.allocateAll(before, 8)
+	if len(first) != len(before) {
+		t.Fatalf("%d of %d pods got an IP", len(first), len(before))
+	}
+	e.restart()
+	for _, n := range e.nodes {
+		if st := e.stats(n); st.Assigned != 8 {
+			t.Fatalf("after restart node %s has %d assigned, want the 8 committed", n, st.Assigned)
+		}
+	}
+	after := e.createPods("b", 8)
+	second := e.allocateAll(after, 8)
+	seen := map[string]string{}
+	for name, r := range first {
+		seen[r.IP] = name
+	}
+	for name, r := range second {
+		if other, dup := seen[r.IP]; dup {
+			t.Fatalf("I3 violated across restart: %s and %s both hold %s", other, name, r.IP)
+		}
+		seen[r.IP] = name
+	}
+	// The first pods' IPs are still theirs after the restart.
+	if r, err := e.allocate(before[0]); err != nil || r.IP != first[before[0].name].IP {
+		t.Fatalf("repeated ADD after restart = %v, %v; want %s", r, err, first[before[0].name].IP)
+	}
+	for _, p := range append(before, after...) {
+		if r, err := e.release(p); err != nil || !r.IsSuccess {
+			t.Fatalf("release %s = %v, %v", p.name, r, err)
+		}
+	}
+	eventually(t, 30*time.Second, "pools settled", func() bool {
+		for _, n := range e.nodes {
+			if st := e.stats(n); st.Assigned != 0 || st.Idle > e.cfg.IdleMax {
+				return false
+			}
+		}
+		return true
+	})
+	e.checkNoLeak()
+}
+
+// A pod whose node is not served gets a clear, retryable error and no IP.
+func TestIPAM_UnservedNodeRefused(t *testing.T) {
+	e := newEnv(t, "un", 2, ipam.Config{})
+	e.ipam.StopServingNode(e.nodes[1])
+	if _, err := e.ipam.Stats(e.nodes[1]); err == nil {
+		t.Fatal("stopped node still has datastore state")
+	}
+	if st := e.stats(e.nodes[0]); st.Total == 0 {
+		t.Fatal("stopping one node dropped another's state")
+	}
+	pods := e.createPods("x", 1)
+	reply, err := e.cni.AllocateIP(e.ctx, &rpc.AllocateIPRequest{
+		K8SPodName: pods[1].name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: pods[1].containerID,
+	})
+	if err != nil || reply.IsSuccess || !strings.Contains(reply.ErrMsg, "not served") {
+		t.Fatalf("allocate on an unserved node = %v, %v", reply, err)
+	}
+	if _, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, pods[1].name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a wep was written for a pod on an unserved node (err %v)", err)
+	}
+}

@@ -1,0 +1,39 @@
+package ipam
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+type metrics struct {
+	allocations  *prometheus.CounterVec
+	releases     *prometheus.CounterVec
+	rebuilds     *prometheus.CounterVec
+	poolErrors   *prometheus.CounterVec
+	poolAdded    prometheus.Counter
+	poolReturned prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	return &metrics{
+		allocations: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "cce_ipam_allocations_total", Help: "Pod IP allocations by result.",
+		}, []string{"result"}),
+		releases: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "cce_ipam_releases_total", Help: "Pod IP releases that freed an IP, by result.",
+		}, []string{"result"}),
+		rebuilds: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "cce_ipam_node_rebuilds_total", Help: "Node state rebuilds (ServeNode) by result.",
+		}, []string{"result"}),
+		poolErrors: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "cce_ipam_pool_cloud_errors_total", Help: "Cloud errors while growing or trimming pools, by error class.",
+		}, []string{"class"}),
+		poolAdded: f.NewCounter(prometheus.CounterOpts{
+			Name: "cce_ipam_pool_ips_added_total", Help: "IPs added to node pools from the cloud.",
+		}),
+		poolReturned: f.NewCounter(prometheus.CounterOpts{
+			Name: "cce_ipam_pool_ips_returned_total", Help: "Idle IPs returned to the cloud by pool trimming.",
+		}),
+	}
+}

@@ -1,0 +1,227 @@
+package ipam
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cce-ipam/sharded/cloud"
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/datastore"
+)
+
+// node is what the IPAM keeps for one served node besides its datastore
+// entry: the cloud view of its ENIs, the pool worker's wake-up channel, and
+// the broadcast that allocations waiting for IPs block on.
+type node struct {
+	name       string
+	instanceID string
+	maxIPs     int // per ENI incl. primary, from cce.io/max-ip-per-eni; 0 = unknown
+
+	wake   chan struct{} // capacity 1: a pending wake-up is never lost, never queued twice
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu       sync.Mutex
+	eniList  []datastore.ENI
+	backoff  map[string]eniBackoff // ENI ID → when it may grow again
+	refilled chan struct{}         // closed and replaced whenever IPs are added
+	waiting  int                   // allocations blocked on an empty pool
+	lastErr  error                 // the pool's last cloud error
+	returns  map[string][]netip.Addr
+}
+
+type eniBackoff struct {
+	until time.Time
+	step  time.Duration
+}
+
+func newNode(name, instanceID string, maxIPs int, enis []datastore.ENI) *node {
+	return &node{
+		name:       name,
+		instanceID: instanceID,
+		maxIPs:     maxIPs,
+		wake:       make(chan struct{}, 1),
+		done:       make(chan struct{}),
+		eniList:    enis,
+		backoff:    map[string]eniBackoff{},
+		refilled:   make(chan struct{}),
+	}
+}
+
+// poke wakes the pool worker without blocking.
+func (n *node) poke() {
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (n *node) stop() {
+	if n.cancel != nil {
+		n.cancel()
+	}
+}
+
+func (n *node) enis() []datastore.ENI {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]datastore.ENI(nil), n.eniList...)
+}
+
+// waitRefill registers a waiting allocation and returns the channel that is
+// closed at the next refill, and a func to deregister.
+func (n *node) waitRefill() (<-chan struct{}, func()) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.waiting++
+	return n.refilled, func() {
+		n.mu.Lock()
+		n.waiting--
+		n.mu.Unlock()
+	}
+}
+
+func (n *node) waiters() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.waiting
+}
+
+// refill wakes every allocation waiting for IPs.
+func (n *node) refill() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	close(n.refilled)
+	n.refilled = make(chan struct{})
+}
+
+// instanceIDFromProviderID reads "cce://i-xxxx" (CCE's providerID format).
+func instanceIDFromProviderID(providerID string) (string, error) {
+	id, ok := strings.CutPrefix(providerID, "cce://")
+	if !ok || id == "" || strings.Contains(id, "/") {
+		return "", fmt.Errorf("providerID %q is not cce://<instance-id>", providerID)
+	}
+	return id, nil
+}
+
+// rebuild builds a node's datastore entry from the cloud's ENIs of its
+// instance and a quorum read of the WorkloadEndpoints on it (not the informer
+// cache, which may lag behind a previous owner's last commits).
+func (i *IPAM) rebuild(ctx context.Context, name string) (*node, error) {
+	k8sNode, err := i.deps.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get node: %w", err)
+	}
+	instanceID, err := instanceIDFromProviderID(k8sNode.Spec.ProviderID)
+	if err != nil {
+		return nil, err
+	}
+	maxIPs := 0
+	if v, ok := k8sNode.Annotations[cce.AnnotationMaxIPPerENI]; ok {
+		if maxIPs, err = strconv.Atoi(v); err != nil || maxIPs < 1 {
+			return nil, fmt.Errorf("node annotation %s=%q is not a positive number", cce.AnnotationMaxIPPerENI, v)
+		}
+	}
+
+	cloudENIs, err := i.deps.Cloud.ListENIs(ctx, cloud.ListENIsOptions{
+		VPCID: i.cfg.VPCID, InstanceID: instanceID, NamePrefix: i.cfg.ClusterID + "/",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list ENIs of %s: %w", instanceID, err)
+	}
+	in := datastore.RestoreInput{}
+	var enis []datastore.ENI
+	for _, e := range cloudENIs {
+		if e.Status != cloud.ENIStatusInUse || e.InstanceID != instanceID {
+			continue // attaching or detaching ENIs carry no pod IPs yet
+		}
+		de, ips, err := i.toDatastoreENI(ctx, e, maxIPs)
+		if err != nil {
+			return nil, err
+		}
+		enis = append(enis, de)
+		in.ENIs = append(in.ENIs, datastore.RestoreENI{ENI: de, IPs: ips})
+	}
+
+	weps, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list WorkloadEndpoints: %w", err)
+	}
+	for _, w := range weps.Items {
+		if w.Spec.Node != name {
+			continue
+		}
+		addr, err := netip.ParseAddr(w.Spec.IP)
+		if err != nil {
+			i.log.Warn("WorkloadEndpoint with an unparsable IP ignored", "wep", w.Namespace+"/"+w.Name, "ip", w.Spec.IP)
+			continue
+		}
+		in.Claims = append(in.Claims, datastore.Claim{Addr: addr, Owner: datastore.Owner{
+			Namespace: w.Namespace, Name: w.Name, ContainerID: w.Spec.ContainerID,
+		}})
+	}
+
+	if i.store.HasNode(name) {
+		_, _ = i.store.RemoveNode(name)
+	}
+	report, err := i.store.Restore(name, in, i.deps.Clock.Now())
+	if err != nil {
+		return nil, fmt.Errorf("restore datastore: %w", err)
+	}
+	for _, c := range report.Conflicts {
+		i.log.Warn("conflict while rebuilding node; address held out of the pool", "node", name, "conflict", c.String())
+	}
+	return newNode(name, instanceID, maxIPs, enis), nil
+}
+
+// toDatastoreENI converts a cloud ENI, looking up its subnet's CIDR so that
+// cross-subnet addresses are told apart.
+func (i *IPAM) toDatastoreENI(ctx context.Context, e cloud.ENI, maxIPs int) (datastore.ENI, []netip.Addr, error) {
+	de := datastore.ENI{ID: e.ID, SubnetID: e.SubnetID, MAC: e.MACAddress, Capacity: maxIPs}
+	if sn, err := i.subnetCIDR(ctx, e.SubnetID); err == nil {
+		de.SubnetCIDR = sn
+	} else {
+		i.log.Warn("subnet CIDR unknown; treating all ENI addresses as in-subnet", "eni", e.ID, "subnet", e.SubnetID, "err", err)
+	}
+	var ips []netip.Addr
+	for _, p := range e.PrivateIPs {
+		a, err := netip.ParseAddr(p.Address)
+		if err != nil {
+			return de, nil, fmt.Errorf("ENI %s has an unparsable address %q", e.ID, p.Address)
+		}
+		if p.Primary {
+			de.PrimaryIP = a
+			continue
+		}
+		ips = append(ips, a)
+	}
+	return de, ips, nil
+}
+
+// subnetCIDR reads the Subnet CR first (kept by the subnet controller) and
+// asks the cloud only when it is missing.
+func (i *IPAM) subnetCIDR(ctx context.Context, subnetID string) (netip.Prefix, error) {
+	var cidr string
+	sn, err := i.deps.CCE.CceV1alpha1().Subnets(cce.SubnetNamespace).Get(ctx, subnetID, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		cidr = sn.Spec.CIDR
+	case apierrors.IsNotFound(err):
+		s, err := i.deps.Cloud.DescribeSubnet(ctx, subnetID)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		cidr = s.CIDR
+	default:
+		return netip.Prefix{}, err
+	}
+	return netip.ParsePrefix(cidr)
+}

@@ -1,0 +1,106 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/cni"
+	"github.com/cce-ipam/sharded/ipamcore/datastore"
+)
+
+// Release implements cni.Backend. It reads the wep from the API server, not
+// the cache: a DEL right after an ADD must see the ADD's wep, or the IP would
+// stay assigned to nobody until GC.
+func (i *IPAM) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, error) {
+	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
+	defer unlock()
+
+	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace)
+	wep, err := client.Get(ctx, ref.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return cni.Endpoint{}, false, nil
+	}
+	if err != nil {
+		return cni.Endpoint{}, false, fmt.Errorf("get WorkloadEndpoint: %w", err)
+	}
+	// A DEL of an older sandbox must not free the current sandbox's IP.
+	if wep.Spec.ContainerID != ref.ContainerID {
+		i.log.Info("stale DEL ignored", "pod", ref.String(), "current", wep.Spec.ContainerID)
+		return cni.Endpoint{}, false, nil
+	}
+	n, ok := i.node(wep.Spec.Node)
+	if !ok {
+		return cni.Endpoint{}, false, fmt.Errorf("%w: %s", ErrNodeNotServed, wep.Spec.Node)
+	}
+	addr, err := netip.ParseAddr(wep.Spec.IP)
+	if err != nil {
+		return cni.Endpoint{}, false, fmt.Errorf("WorkloadEndpoint %s/%s has an unparsable IP %q", wep.Namespace, wep.Name, wep.Spec.IP)
+	}
+
+	// The wep goes first: while it exists the IP stays assigned, so a
+	// failure here leaves everything consistent and kubelet retries.
+	if err := i.deleteWEP(ctx, wep); err != nil {
+		i.metrics.releases.WithLabelValues("error").Inc()
+		return cni.Endpoint{}, false, err
+	}
+	rel, err := i.store.Release(n.name, addr, ref.ContainerID, i.deps.Clock.Now())
+	switch {
+	case err == nil:
+	case errors.Is(err, datastore.ErrUnknownIP), errors.Is(err, datastore.ErrNotAssigned):
+		// Already free (a retried DEL after a crash): nothing to do.
+	default:
+		i.log.Error("wep deleted but the IP could not be freed in the datastore", "node", n.name, "ip", addr, "err", err)
+	}
+	if rel.Removed {
+		// Cross-subnet addresses cannot serve other pods.
+		n.queueReturn(addr, rel.Info.ENIID)
+	}
+	i.metrics.releases.WithLabelValues("ok").Inc()
+	if st, err := i.store.Stats(n.name, i.deps.Clock.Now()); err == nil && st.Idle > i.cfg.IdleMax {
+		n.poke() // the worker trims the pool back to IdleMax
+	}
+	return endpointOf(wep), true, nil
+}
+
+// deleteWEP removes the reference's finalizer (kept on our weps too, for
+// compatibility) and deletes the wep, guarded by its resourceVersion.
+func (i *IPAM) deleteWEP(ctx context.Context, wep *cce.WorkloadEndpoint) error {
+	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(wep.Namespace)
+	if slices.Contains(wep.Finalizers, cce.WorkloadEndpointFinalizer) {
+		upd := wep.DeepCopy()
+		upd.Finalizers = slices.DeleteFunc(upd.Finalizers, func(f string) bool { return f == cce.WorkloadEndpointFinalizer })
+		var err error
+		if wep, err = client.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("remove finalizer of WorkloadEndpoint: %w", err)
+		}
+	}
+	err := client.Delete(ctx, wep.Name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &wep.UID, ResourceVersion: &wep.ResourceVersion},
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete WorkloadEndpoint: %w", err)
+	}
+	return nil
+}
+
+// Check implements cni.Backend: the pod's current wep, if the sandbox owns it.
+func (i *IPAM) Check(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, error) {
+	wep, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return cni.Endpoint{}, false, nil
+	}
+	if err != nil {
+		return cni.Endpoint{}, false, err
+	}
+	if wep.Spec.ContainerID != ref.ContainerID {
+		return cni.Endpoint{}, false, nil
+	}
+	return endpointOf(wep), true, nil
+}

@@ -1,0 +1,237 @@
+//go:build integration
+
+package main_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/e2e/cluster"
+	"github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+var cp *cluster.Cluster
+
+func TestMain(m *testing.M) {
+	os.Exit(cluster.RunTests(m, cluster.Options{}, &cp))
+}
+
+// startProcess runs a binary in its own process group, killed when the test
+// ends, with its output in the test log on failure.
+func startProcess(t *testing.T, bin string, args ...string) (*exec.Cmd, io.Reader) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	logFile, err := os.Create(filepath.Join(t.TempDir(), filepath.Base(bin)+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = logFile
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+		if t.Failed() {
+			data, _ := os.ReadFile(logFile.Name())
+			t.Logf("%s log:\n%s", filepath.Base(bin), data)
+		}
+	})
+	return cmd, stdout
+}
+
+func buildBinary(t *testing.T, pkg string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), filepath.Base(pkg))
+	build := exec.Command("go", "build", "-o", out, pkg)
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatalf("build %s: %v", pkg, err)
+	}
+	return out
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// The two binaries, as an operator runs them: bce-sim as its own process,
+// cce-ipam with flags and a kubeconfig. A pod on a BCC node gets an IP over
+// gRPC, /readyz and /metrics answer, and SIGTERM stops the replica cleanly.
+func TestBinaries_AllocateThroughProcess(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := cp.InstallCRDs(ctx, filepath.Join("..", "..", "charts", "cce-ipam", "crds")); err != nil {
+		t.Fatal(err)
+	}
+	simBin := buildBinary(t, "github.com/cce-ipam/sharded/cmd/bce-sim")
+	ipamBin := buildBinary(t, "github.com/cce-ipam/sharded/cmd/cce-ipam")
+
+	const ak, sk, vpc = "AKBIN", "SKbinSecret", "vpc-bin"
+	_, simOut := startProcess(t, simBin, "--listen", "127.0.0.1:0", "--credential", ak+":"+sk,
+		"--vpc", vpc, "--subnet", "sbn-bin,cn-bj-a,10.2.0.0/22",
+		"--instance", "i-bin-0,sbn-bin,8,64", "--attach-delay", "0s", "--log-level", "warn")
+	line, err := bufio.NewReader(simOut).ReadString('\n')
+	if err != nil {
+		t.Fatalf("read bce-sim address: %v", err)
+	}
+	simAddr := strings.TrimSpace(line)
+	if _, _, err := net.SplitHostPort(strings.TrimPrefix(simAddr, "http://")); err != nil {
+		t.Fatalf("bce-sim printed %q, want its address", line)
+	}
+
+	// The node agent's part: one ENI attached to the instance.
+	client, err := cloud.New(cloud.Config{Endpoint: simAddr, Region: "bj", AccessKeyID: ak, SecretAccessKey: sk, Rate: 1000, Burst: 1000},
+		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	eni, err := client.CreateENI(ctx, cloud.CreateENIRequest{Name: "cce-bin/node-bin", SubnetID: "sbn-bin", SecurityGroupIDs: []string{"g-sim"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.AttachENI(ctx, eni, "i-bin-0"); err != nil {
+		t.Fatal(err)
+	}
+	kube := kubernetes.NewForConfigOrDie(cp.Config)
+	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-bin"},
+		Spec:       corev1.NodeSpec{ProviderID: "cce://i-bin-0"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ns := cp.Namespace(t)
+	if _, err := kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec:       corev1.PodSpec{NodeName: "node-bin", Containers: []corev1.Container{{Name: "c", Image: "pause"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	grpcAddr, metricsAddr := freeAddr(t), freeAddr(t)
+	ipamCmd, _ := startProcess(t, ipamBin, "--kubeconfig", cp.Kubeconfig, "--cluster-id", "cce-bin", "--vpc-id", vpc,
+		"--bce-endpoint", simAddr, "--bce-region", "bj", "--bce-access-key-id", ak, "--bce-secret-access-key", sk,
+		"--grpc-listen", grpcAddr, "--metrics-listen", metricsAddr, "--pool-check-period", "1s")
+
+	waitHTTP(t, "http://"+metricsAddr+"/readyz")
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cni := rpc.NewCNIBackendClient(conn)
+	var reply *rpc.AllocateIPReply
+	deadline := time.Now().Add(time.Minute)
+	for {
+		reply, err = cni.AllocateIP(ctx, &rpc.AllocateIPRequest{K8SPodName: "web", K8SPodNamespace: ns, K8SPodInfraContainerID: "c0ffee"})
+		if err == nil && reply.IsSuccess {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("AllocateIP never succeeded: %v, %v", reply, err)
+		}
+		time.Sleep(200 * time.Millisecond) // the node is served once the replica has rebuilt it
+	}
+	ip := reply.GetENIMultiIP()
+	if !strings.HasPrefix(ip.GetIP(), "10.2.") || ip.GetENIID() != eni || ip.GetNode() != "node-bin" {
+		t.Fatalf("reply %v, want an IP of sbn-bin on %s", ip, eni)
+	}
+	wep, err := versioned.NewForConfigOrDie(cp.Config).CceV1alpha1().WorkloadEndpoints(ns).Get(ctx, "web", metav1.GetOptions{})
+	if err != nil || wep.Spec.IP != ip.GetIP() {
+		t.Fatalf("wep = %v, %v; want IP %s", wep, err, ip.GetIP())
+	}
+	got, err := client.GetENI(ctx, eni)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range got.PrivateIPs {
+		found = found || p.Address == ip.GetIP()
+	}
+	if !found {
+		t.Fatalf("bce-sim has no %s on %s: %v", ip.GetIP(), eni, got.PrivateIPs)
+	}
+
+	metrics := httpGet(t, "http://"+metricsAddr+"/metrics")
+	for _, want := range []string{`cce_ipam_cni_requests_total{method="AllocateIP",result="ok"}`, "cce_ipam_allocations_total"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	if err := ipamCmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- ipamCmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("cce-ipam exited with %v after SIGTERM", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("cce-ipam did not stop within 20s of SIGTERM")
+	}
+}
+
+func waitHTTP(t *testing.T, url string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not ready: %v", url, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return fmt.Sprint(string(b))
+}

@@ -32,8 +32,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/cce-ipam/sharded/cloud"
-	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	"github.com/cce-ipam/sharded/ipamcore/cni"
+	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )

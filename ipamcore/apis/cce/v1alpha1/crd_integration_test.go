@@ -113,6 +113,18 @@ func TestCRDs_ReferenceObjects_RoundTrip(t *testing.T) {
 		assertStoredAsWritten(ctx, t, rc, ns, resourceOf(t, data), data)
 	}
 
+	// kubectl's columns come from the right fields.
+	for resource, want := range map[string]map[string]string{
+		"workloadendpoints": {"Name": "web-0", "IP": "10.0.1.23", "Node": "10.0.0.5", "ENI": "eni-x1y2z3w4",
+			"Type": "StatefulSet", "Subnet": "sbn-a1b2c3d4", "Fixed": "True"},
+		"ippools": {"Name": "ippool-10-0-0-5", "Node Selector": "kubernetes.io/hostname=10.0.0.5",
+			"Source": "cce-cni", "Priority": "10", "Zone": "zoneD"},
+		"subnets": {"Name": "sbn-a1b2c3d4", "CIDR": "10.0.1.0/24", "Zone": "zoneD", "Available": "0",
+			"Enable": "true", "Exclusive": "true", "No More IP": "true"},
+	} {
+		assertTableRow(ctx, t, rc, ns, resource, want)
+	}
+
 	// A typed Update writes the reference's format back: apart from the new
 	// label, the stored document is the fixture, field for field.
 	for _, f := range referenceFixtures() {
@@ -667,6 +679,33 @@ func assertTypedEqual(t *testing.T, got, want runtime.Object) {
 	}
 	if !equality.Semantic.DeepEqual(g, w) {
 		t.Errorf("%T %s: typed read\n%s\nwant\n%s", got, wm.GetName(), pretty(g), pretty(w))
+	}
+}
+
+// assertTableRow checks the server-side table (what kubectl get prints) of
+// one object.
+func assertTableRow(ctx context.Context, t *testing.T, rc rest.Interface, ns, resource string, want map[string]string) {
+	t.Helper()
+	data, err := rc.Get().Namespace(ns).Resource(resource).Name(want["Name"]).
+		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").Do(ctx).Raw()
+	if err != nil {
+		t.Fatalf("get %s table: %v", resource, err)
+	}
+	var table metav1.Table
+	if err := json.Unmarshal(data, &table); err != nil {
+		t.Fatal(err)
+	}
+	if len(table.Rows) != 1 {
+		t.Fatalf("%s table has %d rows, want 1", resource, len(table.Rows))
+	}
+	got := map[string]string{}
+	for i, c := range table.ColumnDefinitions {
+		got[c.Name] = fmt.Sprint(table.Rows[0].Cells[i])
+	}
+	for col, v := range want {
+		if got[col] != v {
+			t.Errorf("%s column %q = %q, want %q (row %v)", resource, col, got[col], v, got)
+		}
 	}
 }
 

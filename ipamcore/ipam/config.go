@@ -2,10 +2,11 @@ package ipam
 
 import (
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/cce-ipam/sharded/ipamcore/pool"
 )
 
 // Config tunes the IPAM. Every replica of a cluster uses the same values.
@@ -15,7 +16,8 @@ type Config struct {
 	ClusterID string
 	// VPCID is the cluster's VPC. Required.
 	VPCID string
-	// IdleMin is the number of idle IPs each node keeps ready. Defaults to 2.
+	// IdleMin is the number of idle IPs each node keeps ready (at least 1).
+	// Defaults to 2.
 	IdleMin int
 	// IdleMax is the most idle IPs a node keeps; a release above it returns
 	// the IP to the cloud, and the pool worker trims to it. Defaults to 6.
@@ -68,6 +70,13 @@ func (c *Config) defaults() {
 	}
 }
 
+// poolConfig is the warm-pool planner's view of the config.
+func (c Config) poolConfig() pool.Config {
+	pc := pool.DefaultConfig()
+	pc.MinIdle, pc.MaxIdle, pc.Batch = c.IdleMin, c.IdleMax, c.BatchAdd
+	return pc
+}
+
 // Validate reports a config that cannot work, after defaults are applied.
 func (c Config) Validate() error {
 	c.defaults()
@@ -78,11 +87,8 @@ func (c Config) Validate() error {
 	if c.VPCID == "" {
 		errs = append(errs, errors.New("VPC ID is required"))
 	}
-	if c.IdleMin < 0 || c.IdleMax < c.IdleMin {
-		errs = append(errs, fmt.Errorf("idle pool bounds [%d, %d] are not a range", c.IdleMin, c.IdleMax))
-	}
-	if c.BatchAdd < 1 || c.BatchAdd > 10 {
-		errs = append(errs, fmt.Errorf("batch add %d must be within 1..10", c.BatchAdd))
+	if err := c.poolConfig().Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.PoolCheckPeriod < 0 || c.AllocateWait < 0 || c.Cooldown < 0 {
 		errs = append(errs, errors.New("periods must not be negative"))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
+	"github.com/cce-ipam/sharded/ipamcore/pool"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	cceinformers "github.com/cce-ipam/sharded/ipamcore/generated/informers/externalversions"
 	ccelisters "github.com/cce-ipam/sharded/ipamcore/generated/listers/cce/v1alpha1"
@@ -40,6 +41,7 @@ var ErrNotRunning = errors.New("ipam is not running")
 // with Run, then add nodes with ServeNode.
 type IPAM struct {
 	cfg     Config
+	poolCfg pool.Config
 	deps    Deps
 	log     *slog.Logger
 	metrics *metrics
@@ -80,6 +82,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 	}
 	i := &IPAM{
 		cfg:     cfg,
+		poolCfg: cfg.poolConfig(),
 		deps:    deps,
 		log:     log,
 		metrics: newMetrics(reg),

@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,6 +13,7 @@ import (
 	"github.com/cce-ipam/sharded/cloud"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
+	"github.com/cce-ipam/sharded/ipamcore/pool"
 )
 
 // node is what the IPAM keeps for one served node besides its datastore
@@ -23,7 +22,7 @@ import (
 type node struct {
 	name       string
 	instanceID string
-	maxIPs     int // per ENI incl. primary, from cce.io/max-ip-per-eni; 0 = unknown
+	capacity   pool.Capacity // from the node's annotations
 
 	wake   chan struct{} // capacity 1: a pending wake-up is never lost, never queued twice
 	cancel context.CancelFunc
@@ -31,27 +30,22 @@ type node struct {
 
 	mu       sync.Mutex
 	eniList  []datastore.ENI
-	backoff  map[string]eniBackoff // ENI ID → when it may grow again
+	backoff  map[string]pool.Backoff // ENI ID → when it may grow again
 	refilled chan struct{}         // closed and replaced whenever IPs are added
 	waiting  int                   // allocations blocked on an empty pool
 	lastErr  error                 // the pool's last cloud error
 	returns  map[string][]netip.Addr
 }
 
-type eniBackoff struct {
-	until time.Time
-	step  time.Duration
-}
-
-func newNode(name, instanceID string, maxIPs int, enis []datastore.ENI) *node {
+func newNode(name, instanceID string, capacity pool.Capacity, enis []datastore.ENI) *node {
 	return &node{
 		name:       name,
 		instanceID: instanceID,
-		maxIPs:     maxIPs,
+		capacity:   capacity,
 		wake:       make(chan struct{}, 1),
 		done:       make(chan struct{}),
 		eniList:    enis,
-		backoff:    map[string]eniBackoff{},
+		backoff:    map[string]pool.Backoff{},
 		refilled:   make(chan struct{}),
 	}
 }
@@ -124,11 +118,11 @@ func (i *IPAM) rebuild(ctx context.Context, name string) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
-	maxIPs := 0
-	if v, ok := k8sNode.Annotations[cce.AnnotationMaxIPPerENI]; ok {
-		if maxIPs, err = strconv.Atoi(v); err != nil || maxIPs < 1 {
-			return nil, fmt.Errorf("node annotation %s=%q is not a positive number", cce.AnnotationMaxIPPerENI, v)
-		}
+	capacity, err := pool.CapacityFromAnnotations(k8sNode.Annotations, pool.DefaultCapacity())
+	if err != nil {
+		// One node's bad annotation must not stop it being served: the
+		// defaults apply and the cloud stays the authority on what fits.
+		i.log.Warn("node capacity annotations malformed; using defaults", "node", name, "err", err)
 	}
 
 	cloudENIs, err := i.deps.Cloud.ListENIs(ctx, cloud.ListENIsOptions{
@@ -143,7 +137,7 @@ func (i *IPAM) rebuild(ctx context.Context, name string) (*node, error) {
 		if e.Status != cloud.ENIStatusInUse || e.InstanceID != instanceID {
 			continue // attaching or detaching ENIs carry no pod IPs yet
 		}
-		de, ips, err := i.toDatastoreENI(ctx, e, maxIPs)
+		de, ips, err := i.toDatastoreENI(ctx, e, capacity.MaxIPsPerENI)
 		if err != nil {
 			return nil, err
 		}
@@ -179,7 +173,7 @@ func (i *IPAM) rebuild(ctx context.Context, name string) (*node, error) {
 	for _, c := range report.Conflicts {
 		i.log.Warn("conflict while rebuilding node; address held out of the pool", "node", name, "conflict", c.String())
 	}
-	return newNode(name, instanceID, maxIPs, enis), nil
+	return newNode(name, instanceID, capacity, enis), nil
 }
 
 // toDatastoreENI converts a cloud ENI, looking up its subnet's CIDR so that

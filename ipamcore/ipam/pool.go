@@ -3,6 +3,8 @@ package ipam
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -10,21 +12,14 @@ import (
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
-)
-
-// Per-ENI backoff after "subnet has no more IP" or "VM memory cannot attach
-// more IP": 2s doubling to 60s, as the reference, so an exhausted ENI is not
-// hammered while others may still grow.
-const (
-	backoffFirst = 2 * time.Second
-	backoffMax   = 60 * time.Second
+	"github.com/cce-ipam/sharded/ipamcore/pool"
 )
 
 // poolWorker keeps one node's pool within [IdleMin, IdleMax]. It wakes on a
 // poke (an allocation found the pool empty, a release overfilled it) and
 // every PoolCheckPeriod. It is the only goroutine that calls the cloud for
 // this node's pool, so nodes grow in parallel and one node never races
-// itself.
+// itself. The decisions are package pool's plans; this only carries them out.
 func (i *IPAM) poolWorker(ctx context.Context, n *node) {
 	tick := i.deps.Clock.NewTicker(i.cfg.PoolCheckPeriod)
 	defer tick.Stop()
@@ -40,91 +35,69 @@ func (i *IPAM) poolWorker(ctx context.Context, n *node) {
 	}
 }
 
-// balance runs one round: grow while short, else trim while over.
+// balance grows the pool while plans say so and calls succeed, then trims
+// what exceeds IdleMax and returns queued cross-subnet addresses.
 func (i *IPAM) balance(ctx context.Context, n *node) {
-	for ctx.Err() == nil {
-		st, err := i.store.Stats(n.name, i.deps.Clock.Now())
-		if err != nil {
+	for round := 0; round < 10 && ctx.Err() == nil; round++ {
+		st, ok := i.poolState(n)
+		if !ok {
 			return // the node was dropped
 		}
-		need := i.cfg.IdleMin - st.Idle + n.waiters()
-		if need > 0 {
-			if !i.grow(ctx, n, st, need) {
-				return
+		now := i.deps.Clock.Now()
+		plan := pool.PlanGrow(i.poolCfg, n.capacity, st, n.backoffs(), now)
+		if plan.Need == 0 {
+			if trim := pool.PlanTrim(i.poolCfg, st, now); len(trim) > 0 {
+				i.trim(ctx, n, trim)
 			}
-			continue
+			i.returnQueued(ctx, n)
+			return
 		}
-		if excess := st.Idle - st.Cooling - i.cfg.IdleMax; excess > 0 {
-			i.trim(ctx, n, excess)
+		if plan.NewENI && len(plan.Adds) == 0 {
+			n.setLastError(fmt.Errorf("node needs another ENI (%s); ENI creation is not implemented yet", plan.ENIReason))
 		}
-		i.returnQueued(ctx, n)
-		return
+		if !i.grow(ctx, n, plan.Adds) {
+			return
+		}
 	}
 }
 
-// grow adds IPs on the ENI with the fewest addresses that may grow. It
-// returns false when no ENI could take more (the caller stops the round).
-func (i *IPAM) grow(ctx context.Context, n *node, st datastore.NodeStats, need int) bool {
-	now := i.deps.Clock.Now()
-	for _, e := range i.growOrder(n, st, now) {
-		count := max(need, i.cfg.BatchAdd)
-		if n.maxIPs > 0 {
-			count = min(count, n.maxIPs-e.total)
-		}
-		count = min(count, cloud.MaxBatchIPs)
-		for count > 0 {
-			addrs, err := i.deps.Cloud.BatchAddPrivateIPs(ctx, e.id, cloud.BatchAddRequest{Count: count})
-			if err == nil {
-				i.addToStore(ctx, n, e.id, addrs)
-				n.clearBackoff(e.id)
-				return true
-			}
-			n.setLastError(err)
-			i.metrics.poolErrors.WithLabelValues(cloud.ClassOf(err).String()).Inc()
-			switch {
-			case errors.Is(err, cloud.ErrSubnetHasNoMoreIP), errors.Is(err, cloud.ErrVMMemoryCannotAttachMoreIP):
-				// Maybe a smaller batch still fits; then back off the ENI.
-				if count > 1 {
-					count /= 2
-					continue
-				}
-				n.backOff(e.id, now)
-			case errors.Is(err, cloud.ErrRateLimit):
-				// The client already waited for tokens; pause before the
-				// next ENI so a throttled cloud is not stormed.
-				i.sleep(ctx, time.Duration(200+rand.IntN(1000))*time.Millisecond)
-			default:
-				i.log.Warn("growing the pool failed", "node", n.name, "eni", e.id, "err", err)
-			}
-			break
-		}
+func (i *IPAM) poolState(n *node) (pool.NodeState, bool) {
+	snap, err := i.store.Snapshot(n.name)
+	if err != nil {
+		return pool.NodeState{}, false
 	}
-	return false
+	st := pool.StateFromSnapshot(snap, nil)
+	st.Waiting = n.waiters()
+	return st, true
 }
 
-type eniLoad struct {
-	id    string
-	total int
-}
-
-// growOrder lists ENIs that may grow, fewest addresses first (spreads IPs and
-// keeps each ENI under its memory cap longest).
-func (i *IPAM) growOrder(n *node, st datastore.NodeStats, now time.Time) []eniLoad {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	var out []eniLoad
-	for _, e := range st.ENIs {
-		if b, ok := n.backoff[e.ID]; ok && now.Before(b.until) {
+// grow carries out a plan's adds; it reports whether any IPs were added.
+func (i *IPAM) grow(ctx context.Context, n *node, adds []pool.Add) bool {
+	added := false
+	for _, add := range adds {
+		addrs, err := i.deps.Cloud.BatchAddPrivateIPs(ctx, add.ENIID, cloud.BatchAddRequest{Count: add.Count})
+		if err == nil {
+			i.addToStore(ctx, n, add.ENIID, addrs)
+			n.setBackoff(add.ENIID, pool.Backoff{})
+			added = true
 			continue
 		}
-		total := e.Total + 1 // the primary IP counts against the cap
-		if n.maxIPs > 0 && total >= n.maxIPs {
-			continue
+		n.setLastError(err)
+		i.metrics.poolErrors.WithLabelValues(cloud.ClassOf(err).String()).Inc()
+		switch {
+		case errors.Is(err, cloud.ErrSubnetHasNoMoreIP), errors.Is(err, cloud.ErrVMMemoryCannotAttachMoreIP):
+			// Skip the ENI for a while; the next plan halves its batch.
+			n.setBackoff(add.ENIID, i.poolCfg.Backoff.Fail(n.backoffs()[add.ENIID], add.Count, i.deps.Clock.Now()))
+		case errors.Is(err, cloud.ErrRateLimit):
+			// The client already backed off; pause before the next
+			// call so a throttled cloud is not stormed.
+			i.sleep(ctx, time.Duration(200+rand.IntN(1000))*time.Millisecond)
+			return added
+		default:
+			i.log.Warn("growing the pool failed", "node", n.name, "eni", add.ENIID, "err", err)
 		}
-		out = append(out, eniLoad{id: e.ID, total: total})
 	}
-	slices.SortFunc(out, func(a, b eniLoad) int { return a.total - b.total })
-	return out
+	return added
 }
 
 // addToStore records IPs the cloud confirmed. Should the store refuse one
@@ -151,28 +124,11 @@ func (i *IPAM) addToStore(ctx context.Context, n *node, eniID string, addrs []st
 	n.refill()
 }
 
-// trim returns the longest-idle addresses above IdleMax to the cloud. They
-// are held first so that no allocation can take one mid-call.
-func (i *IPAM) trim(ctx context.Context, n *node, excess int) {
-	snap, err := i.store.Snapshot(n.name)
-	if err != nil {
-		return
-	}
-	var idle []datastore.IPInfo
-	now := i.deps.Clock.Now()
-	for _, e := range snap.ENIs {
-		for _, ip := range e.IPs {
-			if ip.State == datastore.StateIdle && !ip.Cooling(now) {
-				idle = append(idle, ip)
-			}
-		}
-	}
-	slices.SortFunc(idle, func(a, b datastore.IPInfo) int { return a.IdleSince.Compare(b.IdleSince) })
-	if len(idle) > excess {
-		idle = idle[:excess]
-	}
+// trim returns planned idle addresses to the cloud. They are held first so
+// that no allocation can take one while the delete is in flight.
+func (i *IPAM) trim(ctx context.Context, n *node, plan []pool.IdleIP) {
 	byENI := map[string][]netip.Addr{}
-	for _, ip := range idle {
+	for _, ip := range plan {
 		byENI[ip.ENIID] = append(byENI[ip.ENIID], ip.Addr)
 	}
 	for eniID, addrs := range byENI {
@@ -239,20 +195,21 @@ func (i *IPAM) returnQueued(ctx context.Context, n *node) {
 	}
 }
 
-func (n *node) backOff(eniID string, now time.Time) {
+func (n *node) setBackoff(eniID string, b pool.Backoff) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	b := n.backoff[eniID]
-	b.step = min(max(b.step*2, backoffFirst), backoffMax)
-	b.until = now.Add(b.step)
+	if b == (pool.Backoff{}) {
+		delete(n.backoff, eniID)
+		n.lastErr = nil
+		return
+	}
 	n.backoff[eniID] = b
 }
 
-func (n *node) clearBackoff(eniID string) {
+func (n *node) backoffs() map[string]pool.Backoff {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	delete(n.backoff, eniID)
-	n.lastErr = nil
+	return maps.Clone(n.backoff)
 }
 
 func (n *node) setLastError(err error) {

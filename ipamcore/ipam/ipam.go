@@ -15,10 +15,10 @@ import (
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
-	"github.com/cce-ipam/sharded/ipamcore/pool"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	cceinformers "github.com/cce-ipam/sharded/ipamcore/generated/informers/externalversions"
 	ccelisters "github.com/cce-ipam/sharded/ipamcore/generated/listers/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/pool"
 )
 
 // Deps are the IPAM's connections to the outside.

@@ -31,9 +31,9 @@ type node struct {
 	mu       sync.Mutex
 	eniList  []datastore.ENI
 	backoff  map[string]pool.Backoff // ENI ID → when it may grow again
-	refilled chan struct{}         // closed and replaced whenever IPs are added
-	waiting  int                   // allocations blocked on an empty pool
-	lastErr  error                 // the pool's last cloud error
+	refilled chan struct{}           // closed and replaced whenever IPs are added
+	waiting  int                     // allocations blocked on an empty pool
+	lastErr  error                   // the pool's last cloud error
 	returns  map[string][]netip.Addr
 }
 

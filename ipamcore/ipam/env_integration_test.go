@@ -38,7 +38,6 @@ const (
 	testVPC     = "vpc-ipam"
 	testZone    = "cn-bj-a"
 	testCluster = "cce-ipamtest"
-	maxIPPerENI = 40 // what bce-sim allows for the 128 GB instances below
 )
 
 var (
@@ -71,7 +70,21 @@ type env struct {
 	stop func()
 }
 
+// world shapes the simulated cloud of one env.
+type world struct {
+	subnetCIDR string // defaults to 10.1.0.0/20
+	memoryGB   int    // per instance; defaults to 128 (40 IPs per ENI)
+	// annotateMaxIPs sets cce.io/max-ip-per-eni on the nodes (the node
+	// agent's view of the memory cap); without it the cloud is the only
+	// authority on what fits.
+	annotateMaxIPs bool
+}
+
 func newEnv(t *testing.T, prefix string, nodes int, cfg ipam.Config) *env {
+	return newEnvIn(t, prefix, nodes, cfg, world{annotateMaxIPs: true})
+}
+
+func newEnvIn(t *testing.T, prefix string, nodes int, cfg ipam.Config, w world) *env {
 	t.Helper()
 	installCRDs.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -96,7 +109,13 @@ func newEnv(t *testing.T, prefix string, nodes int, cfg ipam.Config) *env {
 	}
 	t.Cleanup(func() { sim.Close() })
 	e.sim = sim
-	subnet, err := sim.AddSubnet(bcesim.SubnetSpec{ID: "sbn-" + prefix, ZoneName: testZone, CIDR: "10.1.0.0/20", VPCID: testVPC})
+	if w.subnetCIDR == "" {
+		w.subnetCIDR = "10.1.0.0/20"
+	}
+	if w.memoryGB == 0 {
+		w.memoryGB = 128
+	}
+	subnet, err := sim.AddSubnet(bcesim.SubnetSpec{ID: "sbn-" + prefix, ZoneName: testZone, CIDR: w.subnetCIDR, VPCID: testVPC})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +135,7 @@ func newEnv(t *testing.T, prefix string, nodes int, cfg ipam.Config) *env {
 	for k := range nodes {
 		name := fmt.Sprintf("%s-node-%02d", prefix, k)
 		inst, err := sim.AddInstance(bcesim.InstanceSpec{
-			ID: fmt.Sprintf("i-%s-%02d", prefix, k), SubnetID: subnet, CPUCount: 16, MemoryGB: 128, SecurityGroupIDs: []string{sg},
+			ID: fmt.Sprintf("i-%s-%02d", prefix, k), SubnetID: subnet, CPUCount: 16, MemoryGB: w.memoryGB, SecurityGroupIDs: []string{sg},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -130,11 +149,13 @@ func newEnv(t *testing.T, prefix string, nodes int, cfg ipam.Config) *env {
 		if err := e.cloud.AttachENI(ctx, eni, inst); err != nil {
 			t.Fatal(err)
 		}
+		annotations := map[string]string{}
+		if w.annotateMaxIPs {
+			annotations[cce.AnnotationMaxIPPerENI] = strconv.Itoa(bcesim.MaxIPsPerENI(w.memoryGB))
+		}
 		_, err = e.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{
-				cce.AnnotationMaxIPPerENI: strconv.Itoa(maxIPPerENI),
-			}},
-			Spec: corev1.NodeSpec{ProviderID: "cce://" + inst},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
+			Spec:       corev1.NodeSpec{ProviderID: "cce://" + inst},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -256,6 +277,11 @@ func (e *env) allocateAll(pods []podRef, workers int) map[string]*rpc.ENIMultiIP
 }
 
 func (e *env) allocate(p podRef) (*rpc.ENIMultiIPReply, error) {
+	return e.allocateTries(p, 20)
+}
+
+// allocateTries calls AllocateIP until it succeeds, at most tries+1 times.
+func (e *env) allocateTries(p podRef, tries int) (*rpc.ENIMultiIPReply, error) {
 	for attempt := 0; ; attempt++ {
 		reply, err := e.cni.AllocateIP(e.ctx, &rpc.AllocateIPRequest{
 			K8SPodName: p.name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: p.containerID,
@@ -266,7 +292,7 @@ func (e *env) allocate(p podRef) (*rpc.ENIMultiIPReply, error) {
 		if reply.IsSuccess {
 			return reply.GetENIMultiIP(), nil
 		}
-		if attempt > 20 {
+		if attempt >= tries {
 			return nil, fmt.Errorf("%s", reply.ErrMsg)
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -34,6 +34,7 @@ type node struct {
 	refilled chan struct{}           // closed and replaced whenever IPs are added
 	waiting  int                     // allocations blocked on an empty pool
 	lastErr  error                   // the pool's last cloud error
+	planNote string                  // what the planner needs but cannot do
 	returns  map[string][]netip.Addr
 }
 

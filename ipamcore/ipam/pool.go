@@ -53,7 +53,7 @@ func (i *IPAM) balance(ctx context.Context, n *node) {
 			return
 		}
 		if plan.NewENI && len(plan.Adds) == 0 {
-			n.setLastError(fmt.Errorf("node needs another ENI (%s); ENI creation is not implemented yet", plan.ENIReason))
+			n.setPlanNote(fmt.Sprintf("node needs another ENI (%s), which this version does not create", plan.ENIReason))
 		}
 		if !i.grow(ctx, n, plan.Adds) {
 			return
@@ -72,29 +72,38 @@ func (i *IPAM) poolState(n *node) (pool.NodeState, bool) {
 }
 
 // grow carries out a plan's adds; it reports whether any IPs were added.
+// A capacity error halves the batch at once (4 → 2 → 1, as the reference:
+// the ENI or subnet may still have room for fewer); only when a single IP
+// does not fit is the ENI backed off.
 func (i *IPAM) grow(ctx context.Context, n *node, adds []pool.Add) bool {
 	added := false
 	for _, add := range adds {
-		addrs, err := i.deps.Cloud.BatchAddPrivateIPs(ctx, add.ENIID, cloud.BatchAddRequest{Count: add.Count})
-		if err == nil {
-			i.addToStore(ctx, n, add.ENIID, addrs)
-			n.setBackoff(add.ENIID, pool.Backoff{})
-			added = true
-			continue
-		}
-		n.setLastError(err)
-		i.metrics.poolErrors.WithLabelValues(cloud.ClassOf(err).String()).Inc()
-		switch {
-		case errors.Is(err, cloud.ErrSubnetHasNoMoreIP), errors.Is(err, cloud.ErrVMMemoryCannotAttachMoreIP):
-			// Skip the ENI for a while; the next plan halves its batch.
-			n.setBackoff(add.ENIID, i.poolCfg.Backoff.Fail(n.backoffs()[add.ENIID], add.Count, i.deps.Clock.Now()))
-		case errors.Is(err, cloud.ErrRateLimit):
-			// The client already backed off; pause before the next
-			// call so a throttled cloud is not stormed.
-			i.sleep(ctx, time.Duration(200+rand.IntN(1000))*time.Millisecond)
-			return added
-		default:
-			i.log.Warn("growing the pool failed", "node", n.name, "eni", add.ENIID, "err", err)
+		for count := add.Count; count > 0; {
+			addrs, err := i.deps.Cloud.BatchAddPrivateIPs(ctx, add.ENIID, cloud.BatchAddRequest{Count: count})
+			if err == nil {
+				i.addToStore(ctx, n, add.ENIID, addrs)
+				n.setBackoff(add.ENIID, pool.Backoff{})
+				added = true
+				break
+			}
+			n.setCloudError(err)
+			i.metrics.poolErrors.WithLabelValues(cloud.ClassOf(err).String()).Inc()
+			switch {
+			case errors.Is(err, cloud.ErrSubnetHasNoMoreIP), errors.Is(err, cloud.ErrVMMemoryCannotAttachMoreIP):
+				if count > 1 {
+					count /= 2
+					continue
+				}
+				n.setBackoff(add.ENIID, i.poolCfg.Backoff.Fail(n.backoffs()[add.ENIID], 1, i.deps.Clock.Now()))
+			case errors.Is(err, cloud.ErrRateLimit):
+				// The client already backed off; pause before the next
+				// call so a throttled cloud is not stormed.
+				i.sleep(ctx, time.Duration(200+rand.IntN(1000))*time.Millisecond)
+				return added
+			default:
+				i.log.Warn("growing the pool failed", "node", n.name, "eni", add.ENIID, "err", err)
+			}
+			break
 		}
 	}
 	return added
@@ -150,7 +159,7 @@ func (i *IPAM) deleteFromCloud(ctx context.Context, n *node, eniID string, held 
 		}
 		err := i.deps.Cloud.BatchDeletePrivateIPs(ctx, eniID, strs)
 		if err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) {
-			n.setLastError(err)
+			n.setCloudError(err)
 			for _, a := range chunk {
 				if _, uerr := i.store.Unhold(n.name, a, nil, i.deps.Clock.Now()); uerr != nil {
 					i.log.Error("could not return a held IP to the pool", "node", n.name, "ip", a, "err", uerr)
@@ -200,7 +209,7 @@ func (n *node) setBackoff(eniID string, b pool.Backoff) {
 	defer n.mu.Unlock()
 	if b == (pool.Backoff{}) {
 		delete(n.backoff, eniID)
-		n.lastErr = nil
+		n.lastErr, n.planNote = nil, ""
 		return
 	}
 	n.backoff[eniID] = b
@@ -212,21 +221,32 @@ func (n *node) backoffs() map[string]pool.Backoff {
 	return maps.Clone(n.backoff)
 }
 
-func (n *node) setLastError(err error) {
+func (n *node) setCloudError(err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.lastErr = err
 }
 
-// lastError is the pool's last cloud error, so that an allocation that gives
-// up can say why the pool is empty.
+func (n *node) setPlanNote(note string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.planNote = note
+}
+
+// lastError says why the pool is empty: the last cloud error and what the
+// planner would need, so that an allocation that gives up can tell the pod.
 func (n *node) lastError() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.lastErr == nil {
-		return errors.New("the pool worker has not added IPs yet")
+	switch {
+	case n.lastErr != nil && n.planNote != "":
+		return fmt.Errorf("%w; %s", n.lastErr, n.planNote)
+	case n.lastErr != nil:
+		return n.lastErr
+	case n.planNote != "":
+		return errors.New(n.planNote)
 	}
-	return n.lastErr
+	return errors.New("the pool worker has not added IPs yet")
 }
 
 func (i *IPAM) sleep(ctx context.Context, d time.Duration) {

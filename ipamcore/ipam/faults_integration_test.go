@@ -1,0 +1,103 @@
+//go:build integration
+
+package ipam_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cce-ipam/sharded/cloud/bcesim"
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
+)
+
+// A subnet that runs dry: the pods that fit get IPs, the others get a clear
+// error naming the cause, and no IP leaks (cloud IPs = datastore, every
+// assigned IP has its wep).
+func TestIPAM_SubnetExhausted(t *testing.T) {
+	// 10.3.0.0/28: 16 addresses, 4 reserved by the cloud (network, gateway,
+	// broadcast, …) and 2 ENI primaries: about 9–10 for pods.
+	e := newEnvIn(t, "sx", 2, ipam.Config{IdleMin: 1, IdleMax: 4, BatchAdd: 4, AllocateWait: 2 * time.Second,
+		PoolCheckPeriod: 200 * time.Millisecond}, world{subnetCIDR: "10.3.0.0/28", annotateMaxIPs: true})
+	pods := e.createPods("p", 8)
+	ok, failed := 0, 0
+	var lastErr error
+	for _, p := range pods {
+		if _, err := e.allocateTries(p, 0); err != nil {
+			failed++
+			lastErr = err
+			continue
+		}
+		ok++
+	}
+	if failed == 0 || ok == 0 {
+		t.Fatalf("%d allocations ok, %d failed; want both (the subnet holds about 10)", ok, failed)
+	}
+	if !strings.Contains(lastErr.Error(), "subnet_has_no_more_ip") && !strings.Contains(lastErr.Error(), "no more") {
+		t.Fatalf("failure %q does not name the exhausted subnet", lastErr)
+	}
+	weps, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).List(e.ctx, metav1.ListOptions{})
+	if err != nil || len(weps.Items) != ok {
+		t.Fatalf("%d weps for %d successful allocations (err %v)", len(weps.Items), ok, err)
+	}
+	assigned := 0
+	for _, n := range e.nodes {
+		assigned += e.stats(n).Assigned
+	}
+	if assigned != ok {
+		t.Fatalf("datastore has %d assigned for %d allocations", assigned, ok)
+	}
+	e.checkNoLeak()
+}
+
+// An instance whose memory caps its ENI at 8 addresses, with no annotation
+// telling the IPAM: the cloud's VmMemoryCanNotAttachMoreIp stops the pool
+// (with backoff, not a storm), pods beyond the cap get a clear error, and
+// nothing leaks.
+func TestIPAM_VMMemoryCap(t *testing.T) {
+	e := newEnvIn(t, "vm", 1, ipam.Config{IdleMin: 1, IdleMax: 4, BatchAdd: 4, AllocateWait: 2 * time.Second,
+		PoolCheckPeriod: 200 * time.Millisecond}, world{memoryGB: 4})
+	capIPs := bcesim.MaxIPsPerENI(4) - 1 // minus the primary
+	pods := e.createPods("p", capIPs+3)
+	ok := 0
+	var lastErr error
+	for _, p := range pods {
+		if _, err := e.allocateTries(p, 0); err != nil {
+			lastErr = err
+			continue
+		}
+		ok++
+	}
+	if ok != capIPs {
+		t.Fatalf("%d pods got an IP, want the %d that fit on the ENI", ok, capIPs)
+	}
+	if lastErr == nil || !strings.Contains(lastErr.Error(), "vm_memory") {
+		t.Fatalf("failure %v does not name the memory cap", lastErr)
+	}
+	// Backoff: the cloud was not stormed while pods kept asking.
+	adds := e.sim.Stats().Ops[bcesim.OpBatchAddPrivateIP].Calls
+	if adds > 20 {
+		t.Fatalf("%d BatchAddPrivateIP calls for %d pods: the full ENI was not backed off", adds, len(pods))
+	}
+	e.checkNoLeak()
+}
+
+// A throttled cloud (429 RateLimit on adds): allocations still succeed,
+// only slower, and nothing leaks.
+func TestIPAM_RateLimitedCloud(t *testing.T) {
+	e := newEnv(t, "rl", 2, ipam.Config{IdleMin: 1, IdleMax: 6, BatchAdd: 2, PoolCheckPeriod: 200 * time.Millisecond})
+	if err := e.sim.SetRateLimits(map[bcesim.Op]bcesim.RateLimit{bcesim.OpBatchAddPrivateIP: {QPS: 2, Burst: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	pods := e.createPods("p", 10)
+	replies := e.allocateAll(pods, 4)
+	if len(replies) != len(pods) {
+		t.Fatalf("%d of %d pods got an IP under rate limiting", len(replies), len(pods))
+	}
+	if throttled := e.sim.Stats().Ops[bcesim.OpBatchAddPrivateIP].Throttled; throttled == 0 {
+		t.Fatal("bce-sim never throttled: the test did not exercise rate limiting")
+	}
+	e.checkNoLeak()
+}

@@ -43,12 +43,29 @@ func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, erro
 		return endpointOf(wep), nil
 	}
 
-	info, err := i.takeIP(ctx, n, owner)
+	var info datastore.IPInfo
+	fixed := false
+	subnet := ""
+	if isFixedIPPod(pod) {
+		if info, subnet, fixed, err = i.takeFixedIP(ctx, n, owner); err != nil {
+			i.metrics.allocations.WithLabelValues("error").Inc()
+			return cni.Endpoint{}, err
+		}
+	}
+	if !fixed {
+		info, err = i.takeIP(ctx, n, owner, subnet)
+	}
 	if err != nil {
 		i.metrics.allocations.WithLabelValues("error").Inc()
 		return cni.Endpoint{}, err
 	}
 	wep, err := i.commit(ctx, pod, n, info)
+	if err != nil && fixed {
+		// The wep still reserves the address for this pod: keep it
+		// assigned here, where the retried ADD will find it.
+		i.metrics.allocations.WithLabelValues("error").Inc()
+		return cni.Endpoint{}, err
+	}
 	if err != nil {
 		// Nothing names the IP: put it back (no cooling needed, no pod
 		// ever used it, but the store's Release applies it; harmless).
@@ -67,7 +84,7 @@ func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, erro
 
 // takeIP assigns an idle IP, waking the pool worker and waiting (bounded) for
 // a refill when the pool is empty.
-func (i *IPAM) takeIP(ctx context.Context, n *node, owner datastore.Owner) (datastore.IPInfo, error) {
+func (i *IPAM) takeIP(ctx context.Context, n *node, owner datastore.Owner, subnet string) (datastore.IPInfo, error) {
 	// An IP the store already gave this pod (a new sandbox of the same pod,
 	// or an ADD retried after a failed commit) is moved to the new sandbox.
 	if held, err := i.store.LookupPod(n.name, datastore.PodKey{Namespace: owner.Namespace, Name: owner.Name}); err == nil &&
@@ -85,7 +102,7 @@ func (i *IPAM) takeIP(ctx context.Context, n *node, owner datastore.Owner) (data
 	deadline := i.deps.Clock.NewTimer(i.cfg.AllocateWait)
 	defer deadline.Stop()
 	for {
-		info, again, err := i.tryTake(ctx, n, owner, deadline.C())
+		info, again, err := i.tryTake(ctx, n, datastore.Request{Owner: owner, SubnetID: subnet}, deadline.C())
 		if !again {
 			return info, err
 		}
@@ -94,12 +111,12 @@ func (i *IPAM) takeIP(ctx context.Context, n *node, owner datastore.Owner) (data
 
 // tryTake makes one attempt; again=true means a refill or a cooled address
 // may now satisfy the next attempt.
-func (i *IPAM) tryTake(ctx context.Context, n *node, owner datastore.Owner, deadline <-chan time.Time) (info datastore.IPInfo, again bool, err error) {
+func (i *IPAM) tryTake(ctx context.Context, n *node, req datastore.Request, deadline <-chan time.Time) (info datastore.IPInfo, again bool, err error) {
 	// Register before trying so that a refill between the try and the
 	// wait is not missed.
 	refilled, done := n.waitRefill()
 	defer done()
-	info, err = i.store.Allocate(n.name, datastore.Request{Owner: owner}, i.deps.Clock.Now())
+	info, err = i.store.Allocate(n.name, req, i.deps.Clock.Now())
 	if err == nil || !errors.Is(err, datastore.ErrNoIdleIP) {
 		return info, false, err
 	}

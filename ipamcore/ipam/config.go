@@ -34,6 +34,12 @@ type Config struct {
 	// Cooldown keeps a released IP out of the pool for this long, so the old
 	// pod's datapath state drains first. Defaults to 5s.
 	Cooldown time.Duration
+	// GCPeriod is how often garbage is collected. Defaults to 120s.
+	GCPeriod time.Duration
+	// LeakGrace is how long an assigned IP without a WorkloadEndpoint is
+	// left alone before it is reclaimed (an ADD between the datastore and
+	// the wep commit is not a leak). Defaults to 10m, as the reference.
+	LeakGrace time.Duration
 }
 
 // RegisterFlags binds the config to command-line flags with the reference's
@@ -47,6 +53,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.PoolCheckPeriod, "pool-check-period", 30*time.Second, "how often each node's pool is checked against its bounds")
 	fs.DurationVar(&c.AllocateWait, "allocate-wait", 10*time.Second, "how long an allocation waits for the pool to refill")
 	fs.DurationVar(&c.Cooldown, "ip-cooling-period", 5*time.Second, "how long a released IP rests before it is handed out again")
+	fs.DurationVar(&c.GCPeriod, "gc-period", 120*time.Second, "how often weps of deleted pods, fixed IPs of deleted or scaled-down StatefulSets and leaked IPs are collected")
+	fs.DurationVar(&c.LeakGrace, "leaked-ip-grace", 10*time.Minute, "how long an assigned IP without a WorkloadEndpoint waits before it is reclaimed")
 }
 
 func (c *Config) defaults() {
@@ -67,6 +75,12 @@ func (c *Config) defaults() {
 	}
 	if c.Cooldown == 0 {
 		c.Cooldown = 5 * time.Second
+	}
+	if c.GCPeriod == 0 {
+		c.GCPeriod = 120 * time.Second
+	}
+	if c.LeakGrace == 0 {
+		c.LeakGrace = 10 * time.Minute
 	}
 }
 
@@ -90,7 +104,7 @@ func (c Config) Validate() error {
 	if err := c.poolConfig().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.PoolCheckPeriod < 0 || c.AllocateWait < 0 || c.Cooldown < 0 {
+	if c.PoolCheckPeriod < 0 || c.AllocateWait < 0 || c.Cooldown < 0 || c.GCPeriod < 0 || c.LeakGrace < 0 {
 		errs = append(errs, errors.New("periods must not be negative"))
 	}
 	return errors.Join(errs...)

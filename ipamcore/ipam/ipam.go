@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/informers"
@@ -54,6 +56,9 @@ type IPAM struct {
 	nodes         corelisters.NodeLister
 	weps          ccelisters.WorkloadEndpointLister
 
+	gcMu         sync.Mutex
+	leakSuspects map[netip.Addr]time.Time // first seen assigned without a wep
+
 	mu      sync.Mutex
 	runCtx  context.Context // set once Run's caches have synced
 	ready   chan struct{}
@@ -89,6 +94,8 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 		store:   store,
 		ready:   make(chan struct{}),
 		served:  map[string]*node{},
+
+		leakSuspects: map[netip.Addr]time.Time{},
 	}
 	// No periodic resync: every decision re-reads what it needs, and the
 	// pool workers have their own ticker.
@@ -123,6 +130,11 @@ func (i *IPAM) Run(ctx context.Context) error {
 	i.mu.Unlock()
 	i.log.Info("ipam caches synced")
 
+	i.workers.Add(1)
+	go func() {
+		defer i.workers.Done()
+		i.gcLoop(ctx)
+	}()
 	<-ctx.Done()
 	i.mu.Lock()
 	for name, n := range i.served {

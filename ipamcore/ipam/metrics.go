@@ -12,6 +12,10 @@ type metrics struct {
 	poolErrors   *prometheus.CounterVec
 	poolAdded    prometheus.Counter
 	poolReturned prometheus.Counter
+	gcActions    *prometheus.CounterVec
+	gcDuration   prometheus.Histogram
+	leakSuspects prometheus.Gauge
+	leakOldest   prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -34,6 +38,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		poolReturned: f.NewCounter(prometheus.CounterOpts{
 			Name: "cce_ipam_pool_ips_returned_total", Help: "Idle IPs returned to the cloud by pool trimming.",
+		}),
+		gcActions: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "cce_ipam_gc_actions_total", Help: "IPs released by garbage collection, by kind.",
+		}, []string{"kind"}),
+		gcDuration: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "cce_ipam_gc_duration_seconds", Help: "Duration of one garbage-collection pass.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
+		}),
+		leakSuspects: f.NewGauge(prometheus.GaugeOpts{
+			Name: "cce_ipam_leaked_ip_suspects", Help: "Assigned IPs without a WorkloadEndpoint, waiting out the leak grace period.",
+		}),
+		leakOldest: f.NewGauge(prometheus.GaugeOpts{
+			Name: "cce_ipam_leaked_ip_oldest_suspect_age_seconds", Help: "Age of the oldest leaked-IP suspect.",
 		}),
 	}
 }

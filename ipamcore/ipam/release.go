@@ -39,6 +39,17 @@ func (i *IPAM) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool,
 	if !ok {
 		return cni.Endpoint{}, false, fmt.Errorf("%w: %s", ErrNodeNotServed, wep.Spec.Node)
 	}
+	if wep.IsFixedStatefulSet() {
+		// The IP stays reserved for the pod's next incarnation; GC frees
+		// it when the StatefulSet is deleted or scaled below the pod.
+		upd := wep.DeepCopy()
+		upd.Spec.UpdateAt = metav1.NewTime(i.deps.Clock.Now())
+		if _, err := client.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+			i.log.Info("could not stamp a fixed wep on release", "wep", wep.Namespace+"/"+wep.Name, "err", err)
+		}
+		i.metrics.releases.WithLabelValues("kept_fixed").Inc()
+		return endpointOf(wep), true, nil
+	}
 	addr, err := netip.ParseAddr(wep.Spec.IP)
 	if err != nil {
 		return cni.Endpoint{}, false, fmt.Errorf("WorkloadEndpoint %s/%s has an unparsable IP %q", wep.Namespace, wep.Name, wep.Spec.IP)

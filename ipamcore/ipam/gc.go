@@ -1,0 +1,209 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/cce-ipam/sharded/cloud"
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/datastore"
+)
+
+// gcLoop runs CollectGarbage every GCPeriod until ctx ends.
+func (i *IPAM) gcLoop(ctx context.Context) {
+	tick := i.deps.Clock.NewTicker(i.cfg.GCPeriod)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C():
+			i.CollectGarbage(ctx)
+		}
+	}
+}
+
+// CollectGarbage runs one pass of every GC routine over the served nodes:
+// fixed IPs of deleted or scaled-down StatefulSets, weps of deleted pods, and
+// assigned IPs that no wep names (leaked, after LeakGrace).
+func (i *IPAM) CollectGarbage(ctx context.Context) {
+	// One pass at a time: the leak suspects' first-seen times are shared.
+	i.gcMu.Lock()
+	defer i.gcMu.Unlock()
+	start := i.deps.Clock.Now()
+	weps, err := i.weps.List(labels.Everything())
+	if err != nil {
+		i.log.Warn("gc: list weps", "err", err)
+		return
+	}
+	named := map[netip.Addr]datastore.PodKey{} // IPs that some wep names
+	for _, w := range weps {
+		if addr, err := netip.ParseAddr(w.Spec.IP); err == nil {
+			named[addr] = datastore.PodKey{Namespace: w.Namespace, Name: w.Name}
+		}
+		if _, ok := i.node(w.Spec.Node); !ok {
+			continue
+		}
+		switch kind, ok := i.wepGarbage(ctx, w); {
+		case !ok:
+		case kind == gcDeletedStatefulSet, kind == gcScaledDown:
+			i.freeFixed(ctx, w, kind)
+		case kind == gcLeakedPod:
+			i.freeLeakedPod(ctx, w)
+		}
+	}
+	i.collectLeakedIPs(ctx, named)
+	i.metrics.gcDuration.Observe(i.deps.Clock.Since(start).Seconds())
+}
+
+const (
+	gcDeletedStatefulSet = "deleted_statefulset"
+	gcScaledDown         = "scaled_down_statefulset"
+	gcLeakedPod          = "leaked_pod"
+	gcLeakedIP           = "leaked_ip"
+)
+
+// wepGarbage decides whether a wep of a served node is garbage, and why. It
+// confirms with the API server before saying yes: the cache may lag.
+func (i *IPAM) wepGarbage(ctx context.Context, w *cce.WorkloadEndpoint) (string, bool) {
+	if w.IsFixedStatefulSet() {
+		if w.Spec.FixIPDeletePolicy == cce.FixIPDeletePolicyNever {
+			return "", false
+		}
+		name, ordinal, ok := cce.StatefulSetName(w.Name)
+		if !ok {
+			return "", false
+		}
+		sts, err := i.deps.Kube.AppsV1().StatefulSets(w.Namespace).Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return gcDeletedStatefulSet, true
+		case err != nil:
+			return "", false
+		case sts.Spec.Replicas != nil && int32(ordinal) >= *sts.Spec.Replicas && !i.podExists(ctx, w.Namespace, w.Name):
+			return gcScaledDown, true
+		}
+		return "", false
+	}
+	if _, err := i.pods.Pods(w.Namespace).Get(w.Name); err == nil {
+		return "", false
+	}
+	if i.podExists(ctx, w.Namespace, w.Name) {
+		return "", false
+	}
+	return gcLeakedPod, true
+}
+
+func (i *IPAM) podExists(ctx context.Context, namespace, name string) bool {
+	_, err := i.deps.Kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	return !apierrors.IsNotFound(err) // on other errors, assume it exists
+}
+
+// freeLeakedPod releases the IP of a wep whose pod is gone, as a DEL would.
+func (i *IPAM) freeLeakedPod(ctx context.Context, w *cce.WorkloadEndpoint) {
+	unlock := i.podLock.lock(w.Namespace + "/" + w.Name)
+	defer unlock()
+	if err := i.deleteWEP(ctx, w); err != nil {
+		i.log.Warn("gc: delete leaked wep", "wep", w.Namespace+"/"+w.Name, "err", err)
+		return
+	}
+	if addr, err := netip.ParseAddr(w.Spec.IP); err == nil {
+		if _, err := i.store.Release(w.Spec.Node, addr, w.Spec.ContainerID, i.deps.Clock.Now()); err != nil &&
+			!errors.Is(err, datastore.ErrUnknownIP) && !errors.Is(err, datastore.ErrNotAssigned) {
+			i.log.Warn("gc: free IP of leaked pod", "ip", addr, "err", err)
+		}
+	}
+	i.metrics.gcActions.WithLabelValues(gcLeakedPod).Inc()
+	i.log.Info("gc: released the IP of a deleted pod", "wep", w.Namespace+"/"+w.Name, "ip", w.Spec.IP)
+}
+
+// freeFixed returns a fixed IP whose StatefulSet no longer wants it to the
+// cloud, then deletes the wep. The IP is held first so nothing allocates it
+// while the cloud call is in flight.
+func (i *IPAM) freeFixed(ctx context.Context, w *cce.WorkloadEndpoint, kind string) {
+	unlock := i.podLock.lock(w.Namespace + "/" + w.Name)
+	defer unlock()
+	addr, err := netip.ParseAddr(w.Spec.IP)
+	if err != nil {
+		return
+	}
+	if _, err := i.store.Hold(w.Spec.Node, []netip.Addr{addr}, datastore.HoldReleasing); err != nil {
+		i.log.Warn("gc: hold fixed IP", "ip", addr, "err", err)
+	}
+	err = i.deps.Cloud.DeletePrivateIP(ctx, w.Spec.ENIID, addr.String())
+	if err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) && !errors.Is(err, cloud.ErrENINotFound) {
+		_, _ = i.store.Unhold(w.Spec.Node, addr, &datastore.Owner{Namespace: w.Namespace, Name: w.Name, ContainerID: w.Spec.ContainerID}, i.deps.Clock.Now())
+		i.log.Warn("gc: delete fixed IP from the cloud; will retry", "ip", addr, "err", err)
+		return
+	}
+	_, _ = i.store.RemoveIP(w.Spec.Node, addr)
+	if err := i.deleteWEP(ctx, w); err != nil {
+		i.log.Warn("gc: delete fixed wep", "wep", w.Namespace+"/"+w.Name, "err", err)
+		return
+	}
+	i.metrics.gcActions.WithLabelValues(kind).Inc()
+	i.log.Info("gc: released a fixed IP", "reason", kind, "wep", w.Namespace+"/"+w.Name, "ip", addr)
+}
+
+// collectLeakedIPs frees assigned IPs of served nodes that no wep names, once
+// they have been seen so for LeakGrace (an ADD between the datastore and the
+// wep commit is not a leak). Suspects and their age are exported as gauges.
+func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datastore.PodKey) {
+	now := i.deps.Clock.Now()
+	seen := map[netip.Addr]bool{}
+	var oldest time.Duration
+	for _, nodeName := range i.ServedNodes() {
+		snap, err := i.store.Snapshot(nodeName)
+		if err != nil {
+			continue
+		}
+		for _, e := range snap.ENIs {
+			for _, ip := range e.IPs {
+				if ip.State != datastore.StateAssigned || named[ip.Addr] == ip.Owner.Pod() {
+					continue
+				}
+				if i.wepNames(ctx, ip) {
+					continue
+				}
+				seen[ip.Addr] = true
+				first, ok := i.leakSuspects[ip.Addr]
+				if !ok {
+					i.leakSuspects[ip.Addr] = now
+					continue
+				}
+				if age := now.Sub(first); age < i.cfg.LeakGrace {
+					oldest = max(oldest, age)
+					continue
+				}
+				if _, err := i.store.Release(nodeName, ip.Addr, ip.Owner.ContainerID, now); err == nil {
+					delete(i.leakSuspects, ip.Addr)
+					delete(seen, ip.Addr)
+					i.metrics.gcActions.WithLabelValues(gcLeakedIP).Inc()
+					i.log.Info("gc: reclaimed a leaked IP", "node", nodeName, "ip", ip.Addr, "owner", ip.Owner.String())
+				}
+			}
+		}
+	}
+	for a := range i.leakSuspects {
+		if !seen[a] {
+			delete(i.leakSuspects, a)
+		}
+	}
+	i.metrics.leakSuspects.Set(float64(len(i.leakSuspects)))
+	i.metrics.leakOldest.Set(oldest.Seconds())
+}
+
+// wepNames confirms with the API server that the owner's wep names the IP.
+func (i *IPAM) wepNames(ctx context.Context, ip datastore.IPInfo) bool {
+	w, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ip.Owner.Namespace).Get(ctx, ip.Owner.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false
+	}
+	return err != nil || w.Spec.IP == ip.Addr.String() // on errors, assume named
+}

@@ -22,7 +22,8 @@ var _ cni.Backend = (*IPAM)(nil)
 // Config.AllocateWait; kubelet retries the ADD.
 var ErrPoolExhausted = errors.New("no idle IP on the node")
 
-// Allocate implements cni.Backend for ordinary pods.
+// Allocate implements cni.Backend: ordinary pods from the warm pool,
+// fixed-IP StatefulSet pods their reserved address.
 func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, error) {
 	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
 	defer unlock()
@@ -35,44 +36,15 @@ func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, erro
 	if !ok {
 		return cni.Endpoint{}, fmt.Errorf("%w: %s", ErrNodeNotServed, pod.Spec.NodeName)
 	}
-	owner := datastore.Owner{Namespace: ref.Namespace, Name: ref.Name, ContainerID: ref.ContainerID}
-
 	// A repeated ADD of the same sandbox gets the same answer.
 	if wep, err := i.weps.WorkloadEndpoints(ref.Namespace).Get(ref.Name); err == nil &&
 		wep.Spec.ContainerID == ref.ContainerID && wep.Spec.Node == n.name {
 		return endpointOf(wep), nil
 	}
-
-	var info datastore.IPInfo
-	fixed := false
-	subnet := ""
-	if isFixedIPPod(pod) {
-		if info, subnet, fixed, err = i.takeFixedIP(ctx, n, owner); err != nil {
-			i.metrics.allocations.WithLabelValues("error").Inc()
-			return cni.Endpoint{}, err
-		}
-	}
-	if !fixed {
-		info, err = i.takeIP(ctx, n, owner, subnet)
-	}
+	wep, err := i.allocate(ctx, pod, n, datastore.Owner{Namespace: ref.Namespace, Name: ref.Name, ContainerID: ref.ContainerID})
 	if err != nil {
 		i.metrics.allocations.WithLabelValues("error").Inc()
-		return cni.Endpoint{}, err
-	}
-	wep, err := i.commit(ctx, pod, n, info)
-	if err != nil && fixed {
-		// The wep still reserves the address for this pod: keep it
-		// assigned here, where the retried ADD will find it.
-		i.metrics.allocations.WithLabelValues("error").Inc()
-		return cni.Endpoint{}, err
-	}
-	if err != nil {
-		// Nothing names the IP: put it back (no cooling needed, no pod
-		// ever used it, but the store's Release applies it; harmless).
-		if _, rerr := i.store.Release(n.name, info.Addr, ref.ContainerID, i.deps.Clock.Now()); rerr != nil {
-			i.log.Error("rollback of an uncommitted IP failed", "node", n.name, "ip", info.Addr, "err", rerr)
-		}
-		i.metrics.allocations.WithLabelValues("error").Inc()
+		i.events.Eventf(pod, corev1.EventTypeWarning, "AllocateIPFailed", "allocate IP on node %s: %v", n.name, err)
 		return cni.Endpoint{}, err
 	}
 	i.metrics.allocations.WithLabelValues("ok").Inc()
@@ -80,6 +52,36 @@ func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, erro
 		n.poke()
 	}
 	return endpointOf(wep), nil
+}
+
+// allocate takes an IP in the datastore and commits it with the wep; on a
+// failed commit the IP goes back, unless the wep still reserves it (fixed).
+func (i *IPAM) allocate(ctx context.Context, pod *corev1.Pod, n *node, owner datastore.Owner) (*cce.WorkloadEndpoint, error) {
+	var (
+		info   datastore.IPInfo
+		fixed  bool
+		subnet string
+		err    error
+	)
+	if isFixedIPPod(pod) {
+		if info, subnet, fixed, err = i.takeFixedIP(ctx, n, owner); err != nil {
+			return nil, err
+		}
+	}
+	if !fixed {
+		if info, err = i.takeIP(ctx, n, owner, subnet); err != nil {
+			return nil, err
+		}
+	}
+	wep, err := i.commit(ctx, pod, n, info)
+	if err != nil && !fixed {
+		// Nothing names the IP: put it back in the pool.
+		if _, rerr := i.store.Release(n.name, info.Addr, owner.ContainerID, i.deps.Clock.Now()); rerr != nil {
+			i.log.Error("rollback of an uncommitted IP failed", "node", n.name, "ip", info.Addr, "err", rerr)
+		}
+	}
+	// A fixed address stays assigned here, where the retried ADD finds it.
+	return wep, err
 }
 
 // takeIP assigns an idle IP, waking the pool worker and waiting (bounded) for

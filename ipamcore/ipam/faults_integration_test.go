@@ -42,6 +42,14 @@ func TestIPAM_SubnetExhausted(t *testing.T) {
 	if err != nil || len(weps.Items) != ok {
 		t.Fatalf("%d weps for %d successful allocations (err %v)", len(weps.Items), ok, err)
 	}
+	// The pods that got no IP carry an Event saying why.
+	eventually(t, 10*time.Second, "AllocateIPFailed events on the failed pods", func() bool {
+		evs, err := e.kube.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{FieldSelector: "reason=AllocateIPFailed"})
+		if err != nil || len(evs.Items) == 0 {
+			return false
+		}
+		return strings.Contains(evs.Items[0].Message, "no more") || strings.Contains(evs.Items[0].Message, "subnet_has_no_more_ip")
+	})
 	assigned := 0
 	for _, n := range e.nodes {
 		assigned += e.stats(n).Assigned

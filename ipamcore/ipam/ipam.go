@@ -10,9 +10,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 
 	"github.com/cce-ipam/sharded/cloud"
@@ -59,6 +63,9 @@ type IPAM struct {
 	gcMu         sync.Mutex
 	leakSuspects map[netip.Addr]time.Time // first seen assigned without a wep
 
+	broadcaster record.EventBroadcaster
+	events      record.EventRecorder
+
 	mu      sync.Mutex
 	runCtx  context.Context // set once Run's caches have synced
 	ready   chan struct{}
@@ -97,6 +104,8 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 
 		leakSuspects: map[netip.Addr]time.Time{},
 	}
+	i.broadcaster = record.NewBroadcaster(record.WithContext(context.Background()))
+	i.events = i.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "cce-ipam"})
 	// No periodic resync: every decision re-reads what it needs, and the
 	// pool workers have their own ticker.
 	i.kubeInformers = informers.NewSharedInformerFactory(deps.Kube, 0)
@@ -110,6 +119,8 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 // Run starts the informers, marks the IPAM ready once they have synced, and
 // blocks until ctx ends; then it stops every pool worker and returns.
 func (i *IPAM) Run(ctx context.Context) error {
+	i.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: i.deps.Kube.CoreV1().Events("")})
+	defer i.broadcaster.Shutdown()
 	i.kubeInformers.Start(ctx.Done())
 	i.cceInformers.Start(ctx.Done())
 	defer i.kubeInformers.Shutdown()

@@ -172,3 +172,55 @@ func TestIPAM_UnservedNodeRefused(t *testing.T) {
 		t.Fatalf("a wep was written for a pod on an unserved node (err %v)", err)
 	}
 }
+
+// A DEL racing an ADD of the same pod: they are serialised, and whatever the
+// order, the pod ends with either its IP and wep (ADD last) or neither (DEL
+// last) — never a wep without an assigned IP or an assigned IP without wep.
+func TestIPAM_DelRacingAdd(t *testing.T) {
+	e := newEnv(t, "race", 1, ipam.Config{IdleMin: 4, IdleMax: 8, PoolCheckPeriod: 200 * time.Millisecond})
+	pods := e.createPods("r", 12)
+	for _, p := range pods {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = e.cni.AllocateIP(e.ctx, &rpc.AllocateIPRequest{K8SPodName: p.name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: p.containerID})
+		}()
+		if _, err := e.release(p); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+	}
+	weps, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := e.stats(e.nodes[0]); st.Assigned != len(weps.Items) {
+		t.Fatalf("%d assigned IPs but %d weps after racing ADD/DEL", st.Assigned, len(weps.Items))
+	}
+	e.checkNoLeak()
+}
+
+// ServeAllNodes follows the cluster: a new BCC node is served, a deleted
+// node's state is dropped without touching the others.
+func TestIPAM_ServeAllNodesFollowsNodes(t *testing.T) {
+	e := newEnv(t, "all", 2, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond})
+	for _, n := range e.nodes {
+		e.ipam.StopServingNode(n)
+	}
+	go func() { _ = e.ipam.ServeAllNodes(e.ctx) }()
+	eventually(t, 20*time.Second, "both nodes served", func() bool {
+		_, err0 := e.ipam.Stats(e.nodes[0])
+		_, err1 := e.ipam.Stats(e.nodes[1])
+		return err0 == nil && err1 == nil
+	})
+	if err := e.kube.CoreV1().Nodes().Delete(e.ctx, e.nodes[1], metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "deleted node dropped", func() bool {
+		_, err := e.ipam.Stats(e.nodes[1])
+		return err != nil
+	})
+	if _, err := e.ipam.Stats(e.nodes[0]); err != nil {
+		t.Fatalf("dropping one node dropped the other: %v", err)
+	}
+}

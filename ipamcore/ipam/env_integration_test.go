@@ -54,7 +54,7 @@ func TestMain(m *testing.M) {
 // backed by them (each with one attached ENI, as the node agent leaves it),
 // and an IPAM serving them behind a real gRPC server.
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	ctx      context.Context
 	sim      *bcesim.Server
 	cloud    *cloud.Client
@@ -80,11 +80,11 @@ type world struct {
 	annotateMaxIPs bool
 }
 
-func newEnv(t *testing.T, prefix string, nodes int, cfg ipam.Config) *env {
+func newEnv(t testing.TB, prefix string, nodes int, cfg ipam.Config) *env {
 	return newEnvIn(t, prefix, nodes, cfg, world{annotateMaxIPs: true})
 }
 
-func newEnvIn(t *testing.T, prefix string, nodes int, cfg ipam.Config, w world) *env {
+func newEnvIn(t testing.TB, prefix string, nodes int, cfg ipam.Config, w world) *env {
 	t.Helper()
 	installCRDs.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -352,7 +352,7 @@ func (e *env) stats(n string) datastore.NodeStats {
 
 // eventually polls cond for up to d (e2e-style: the pool worker runs on its
 // own goroutine).
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {

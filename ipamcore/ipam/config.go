@@ -34,6 +34,10 @@ type Config struct {
 	// Cooldown keeps a released IP out of the pool for this long, so the old
 	// pod's datapath state drains first. Defaults to 5s.
 	Cooldown time.Duration
+	// ENISyncPeriod is how often the cluster's ENIs are listed (VPC-wide)
+	// to adopt new ENIs, drop vanished ones, keep IPPool status current and
+	// delete leaked ENIs. Defaults to 20s.
+	ENISyncPeriod time.Duration
 	// GCPeriod is how often garbage is collected. Defaults to 120s.
 	GCPeriod time.Duration
 	// LeakGrace is how long an assigned IP without a WorkloadEndpoint is
@@ -53,6 +57,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.PoolCheckPeriod, "pool-check-period", 30*time.Second, "how often each node's pool is checked against its bounds")
 	fs.DurationVar(&c.AllocateWait, "allocate-wait", 10*time.Second, "how long an allocation waits for the pool to refill")
 	fs.DurationVar(&c.Cooldown, "ip-cooling-period", 5*time.Second, "how long a released IP rests before it is handed out again")
+	fs.DurationVar(&c.ENISyncPeriod, "eni-sync-period", 20*time.Second, "how often the cluster's ENIs are listed to adopt, drop and clean up ENIs and to update IPPool status")
 	fs.DurationVar(&c.GCPeriod, "gc-period", 120*time.Second, "how often weps of deleted pods, fixed IPs of deleted or scaled-down StatefulSets and leaked IPs are collected")
 	fs.DurationVar(&c.LeakGrace, "leaked-ip-grace", 10*time.Minute, "how long an assigned IP without a WorkloadEndpoint waits before it is reclaimed")
 }
@@ -75,6 +80,9 @@ func (c *Config) defaults() {
 	}
 	if c.Cooldown == 0 {
 		c.Cooldown = 5 * time.Second
+	}
+	if c.ENISyncPeriod == 0 {
+		c.ENISyncPeriod = 20 * time.Second
 	}
 	if c.GCPeriod == 0 {
 		c.GCPeriod = 120 * time.Second
@@ -104,7 +112,7 @@ func (c Config) Validate() error {
 	if err := c.poolConfig().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.PoolCheckPeriod < 0 || c.AllocateWait < 0 || c.Cooldown < 0 || c.GCPeriod < 0 || c.LeakGrace < 0 {
+	if c.PoolCheckPeriod < 0 || c.AllocateWait < 0 || c.Cooldown < 0 || c.GCPeriod < 0 || c.LeakGrace < 0 || c.ENISyncPeriod < 0 {
 		errs = append(errs, errors.New("periods must not be negative"))
 	}
 	return errors.Join(errs...)

@@ -78,6 +78,9 @@ type world struct {
 	// agent's view of the memory cap); without it the cloud is the only
 	// authority on what fits.
 	annotateMaxIPs bool
+	maxENIs        int  // cce.io/max-eni-num, when set
+	noENI          bool // no pre-attached ENI: the IPAM must create one
+	ipPool         bool // an IPPool ippool-<node> as the node agent writes it
 }
 
 func newEnv(t testing.TB, prefix string, nodes int, cfg ipam.Config) *env {
@@ -140,16 +143,34 @@ func newEnvIn(t testing.TB, prefix string, nodes int, cfg ipam.Config, w world) 
 		if err != nil {
 			t.Fatal(err)
 		}
-		eni, err := e.cloud.CreateENI(ctx, cloud.CreateENIRequest{
-			Name: testCluster + "/" + name, SubnetID: subnet, SecurityGroupIDs: []string{sg},
-		})
-		if err != nil {
-			t.Fatal(err)
+		if !w.noENI {
+			eni, err := e.cloud.CreateENI(ctx, cloud.CreateENIRequest{
+				Name: testCluster + "/" + inst + "/" + name + "/000000", SubnetID: subnet, SecurityGroupIDs: []string{sg},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.cloud.AttachENI(ctx, eni, inst); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if err := e.cloud.AttachENI(ctx, eni, inst); err != nil {
-			t.Fatal(err)
+		if w.ipPool {
+			_, err := e.cce.CceV1alpha1().IPPools(cce.IPPoolNamespace).Create(ctx, &cce.IPPool{
+				ObjectMeta: metav1.ObjectMeta{Name: cce.IPPoolName(name)},
+				Spec: cce.IPPoolSpec{NodeSelector: "kubernetes.io/hostname=" + name, CreationSource: "cce-cni",
+					ENI: cce.ENISpec{VPCID: testVPC, AvailabilityZone: testZone, Subnets: []string{subnet}, SecurityGroups: []string{sg}}},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = e.cce.CceV1alpha1().IPPools(cce.IPPoolNamespace).Delete(context.Background(), cce.IPPoolName(name), metav1.DeleteOptions{})
+			})
 		}
 		annotations := map[string]string{}
+		if w.maxENIs > 0 {
+			annotations[cce.AnnotationMaxENINum] = strconv.Itoa(w.maxENIs)
+		}
 		if w.annotateMaxIPs {
 			annotations[cce.AnnotationMaxIPPerENI] = strconv.Itoa(bcesim.MaxIPsPerENI(w.memoryGB))
 		}

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cce-ipam/sharded/cloud/bcesim"
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
 )
 
@@ -61,12 +62,12 @@ func TestIPAM_SubnetExhausted(t *testing.T) {
 }
 
 // An instance whose memory caps its ENI at 8 addresses, with no annotation
-// telling the IPAM: the cloud's VmMemoryCanNotAttachMoreIp stops the pool
-// (with backoff, not a storm), pods beyond the cap get a clear error, and
-// nothing leaks.
+// telling the IPAM the cap, and allowed only one ENI: the cloud's
+// VmMemoryCanNotAttachMoreIp stops the pool (with backoff, not a storm), pods
+// beyond the cap get a clear error, and nothing leaks.
 func TestIPAM_VMMemoryCap(t *testing.T) {
 	e := newEnvIn(t, "vm", 1, ipam.Config{IdleMin: 1, IdleMax: 4, BatchAdd: 4, AllocateWait: 2 * time.Second,
-		PoolCheckPeriod: 200 * time.Millisecond}, world{memoryGB: 4})
+		PoolCheckPeriod: 200 * time.Millisecond}, world{memoryGB: 4, maxENIs: 1})
 	capIPs := bcesim.MaxIPsPerENI(4) - 1 // minus the primary
 	pods := e.createPods("p", capIPs+3)
 	ok := 0
@@ -106,6 +107,60 @@ func TestIPAM_RateLimitedCloud(t *testing.T) {
 	}
 	if throttled := e.sim.Stats().Ops[bcesim.OpBatchAddPrivateIP].Throttled; throttled == 0 {
 		t.Fatal("bce-sim never throttled: the test did not exercise rate limiting")
+	}
+	e.checkNoLeak()
+}
+
+// A node without any ENI gets one created and attached from its IPPool's
+// subnet and security groups; when its ENI is full (memory cap) a second one
+// is created; every pod gets an IP and nothing leaks.
+func TestIPAM_CreatesENIsWhenNeeded(t *testing.T) {
+	e := newEnvIn(t, "ce", 1, ipam.Config{IdleMin: 2, IdleMax: 6, BatchAdd: 4, AllocateWait: 30 * time.Second,
+		PoolCheckPeriod: 200 * time.Millisecond}, world{memoryGB: 4, annotateMaxIPs: true, noENI: true, ipPool: true})
+	perENI := bcesim.MaxIPsPerENI(4) - 1
+	pods := e.createPods("p", perENI+3)
+	replies := e.allocateAll(pods, 2)
+	if len(replies) != len(pods) {
+		t.Fatalf("%d of %d pods got an IP", len(replies), len(pods))
+	}
+	enis := map[string]bool{}
+	for _, r := range replies {
+		enis[r.ENIID] = true
+	}
+	if len(enis) != 2 {
+		t.Fatalf("pods are on %d ENIs, want 2 (one created for the empty node, one when it filled)", len(enis))
+	}
+	for id := range enis {
+		var found bool
+		for _, eni := range e.sim.Dump().ENIs {
+			if eni.ENIID == id {
+				found = eni.InstanceID == e.instance[e.nodes[0]] && eni.Status == "inuse" && strings.HasPrefix(eni.Name, testCluster+"/")
+			}
+		}
+		if !found {
+			t.Fatalf("ENI %s is not an in-use ENI of the node's instance named after the cluster", id)
+		}
+	}
+	// Events are written asynchronously.
+	eventually(t, 10*time.Second, "CreateNewENI event on the node", func() bool {
+		evs, err := e.kube.CoreV1().Events(metav1.NamespaceDefault).List(e.ctx, metav1.ListOptions{FieldSelector: "reason=CreateNewENI"})
+		if err != nil {
+			return false
+		}
+		for _, ev := range evs.Items {
+			if ev.InvolvedObject.Name == e.nodes[0] {
+				return true
+			}
+		}
+		return false
+	})
+	// The ENI sync writes the node's IPPool status.
+	if err := e.ipam.SyncENIs(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := e.cce.CceV1alpha1().IPPools(cce.IPPoolNamespace).Get(e.ctx, cce.IPPoolName(e.nodes[0]), metav1.GetOptions{})
+	if err != nil || len(pool.Status.ENI.ENIs) != 2 {
+		t.Fatalf("IPPool status has %d ENIs (err %v), want 2", len(pool.Status.ENI.ENIs), err)
 	}
 	e.checkNoLeak()
 }

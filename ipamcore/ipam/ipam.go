@@ -141,10 +141,14 @@ func (i *IPAM) Run(ctx context.Context) error {
 	i.mu.Unlock()
 	i.log.Info("ipam caches synced")
 
-	i.workers.Add(1)
+	i.workers.Add(2)
 	go func() {
 		defer i.workers.Done()
 		i.gcLoop(ctx)
+	}()
+	go func() {
+		defer i.workers.Done()
+		i.syncLoop(ctx)
 	}()
 	<-ctx.Done()
 	i.mu.Lock()

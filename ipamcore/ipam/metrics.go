@@ -12,6 +12,7 @@ type metrics struct {
 	poolErrors   *prometheus.CounterVec
 	poolAdded    prometheus.Counter
 	poolReturned prometheus.Counter
+	enisCreated  prometheus.Counter
 	gcActions    *prometheus.CounterVec
 	gcDuration   prometheus.Histogram
 	leakSuspects prometheus.Gauge
@@ -38,6 +39,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		poolReturned: f.NewCounter(prometheus.CounterOpts{
 			Name: "cce_ipam_pool_ips_returned_total", Help: "Idle IPs returned to the cloud by pool trimming.",
+		}),
+		enisCreated: f.NewCounter(prometheus.CounterOpts{
+			Name: "cce_ipam_enis_created_total", Help: "ENIs created and attached for nodes that needed capacity.",
 		}),
 		gcActions: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_gc_actions_total", Help: "IPs released by garbage collection, by kind.",

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,7 +36,10 @@ type node struct {
 	waiting  int                     // allocations blocked on an empty pool
 	lastErr  error                   // the pool's last cloud error
 	planNote string                  // what the planner needs but cannot do
-	returns  map[string][]netip.Addr
+
+	eniBackoff time.Duration // after a failed ENI creation
+	eniRetryAt time.Time
+	returns    map[string][]netip.Addr
 }
 
 func newNode(name, instanceID string, capacity pool.Capacity, enis []datastore.ENI) *node {

@@ -52,13 +52,41 @@ func (i *IPAM) balance(ctx context.Context, n *node) {
 			i.returnQueued(ctx, n)
 			return
 		}
-		if plan.NewENI && len(plan.Adds) == 0 {
-			n.setPlanNote(fmt.Sprintf("node needs another ENI (%s), which this version does not create", plan.ENIReason))
+		grew := i.grow(ctx, n, plan.Adds)
+		if plan.NewENI && !grew {
+			if !i.tryCreateENI(ctx, n, plan.ENIReason) {
+				return
+			}
+			continue
 		}
-		if !i.grow(ctx, n, plan.Adds) {
+		if !grew {
 			return
 		}
 	}
+}
+
+// tryCreateENI creates an ENI unless a recent attempt failed (backing off
+// 10s, then 20s, … up to 5m, so a broken subnet is not hammered).
+func (i *IPAM) tryCreateENI(ctx context.Context, n *node, reason string) bool {
+	now := i.deps.Clock.Now()
+	n.mu.Lock()
+	wait := n.eniRetryAt.After(now)
+	n.mu.Unlock()
+	if wait {
+		return false
+	}
+	i.log.Info("node needs another ENI", "node", n.name, "reason", reason)
+	err := i.createENI(ctx, n)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err != nil {
+		n.eniBackoff = min(max(2*n.eniBackoff, 10*time.Second), 5*time.Minute)
+		n.eniRetryAt = now.Add(n.eniBackoff)
+		n.planNote = fmt.Sprintf("node needs another ENI (%s): %v", reason, err)
+		return false
+	}
+	n.eniBackoff, n.eniRetryAt, n.planNote = 0, time.Time{}, ""
+	return true
 }
 
 func (i *IPAM) poolState(n *node) (pool.NodeState, bool) {

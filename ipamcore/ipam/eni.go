@@ -1,0 +1,312 @@
+package ipam
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cce-ipam/sharded/cloud"
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/datastore"
+)
+
+// Attach polling: BCE attaches asynchronously (attaching → inuse); the
+// reference polls for up to 50 s.
+const (
+	attachPoll    = time.Second
+	attachTimeout = 50 * time.Second
+	// leakedENIAge: an ENI of ours left "available" this long after its
+	// creation lost its creator (crash between create and attach).
+	leakedENIAge = 3 * time.Minute
+)
+
+// createENI creates an ENI for the node in the subnet of its IPPool with the
+// most free IPs, attaches it and records it. It runs on the node's pool
+// worker, so a node never creates two ENIs at once. On failure the ENI is
+// deleted again, so nothing leaks, and the node gets a Warning event.
+func (i *IPAM) createENI(ctx context.Context, n *node) error {
+	k8sNode, err := i.nodes.Get(n.name)
+	if err != nil {
+		return fmt.Errorf("get node: %w", err)
+	}
+	subnets, groups, err := i.eniPlacement(ctx, n)
+	if err != nil {
+		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "%v", err)
+		return err
+	}
+	subnet, err := i.mostFreeSubnet(ctx, subnets)
+	if err != nil {
+		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "%v", err)
+		return err
+	}
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix)
+	name := fmt.Sprintf("%s/%s/%s/%s", i.cfg.ClusterID, n.instanceID, n.name, hex.EncodeToString(suffix))
+	eniID, err := i.deps.Cloud.CreateENI(ctx, cloud.CreateENIRequest{
+		Name: name, SubnetID: subnet.ID, SecurityGroupIDs: groups,
+		Description: "auto created by cce-ipam, do not modify",
+	})
+	if err != nil {
+		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "create ENI in %s: %v", subnet.ID, err)
+		return fmt.Errorf("create ENI in %s: %w", subnet.ID, err)
+	}
+	eni, err := i.attach(ctx, eniID, n.instanceID)
+	if err != nil {
+		i.discardENI(eniID, n.instanceID)
+		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "attach %s: %v", eniID, err)
+		return fmt.Errorf("attach %s: %w", eniID, err)
+	}
+	de, ips, err := i.toDatastoreENI(ctx, *eni, n.capacity.MaxIPsPerENI)
+	if err == nil {
+		err = i.store.AddENI(n.name, de)
+	}
+	if err == nil && len(ips) > 0 {
+		err = i.store.AddIPs(n.name, de.ID, ips, i.deps.Clock.Now())
+	}
+	if err != nil {
+		// Attached but unrecorded: the next ENI sync adopts it.
+		return fmt.Errorf("record ENI %s: %w", eniID, err)
+	}
+	n.mu.Lock()
+	n.eniList = append(n.eniList, de)
+	n.mu.Unlock()
+	i.metrics.enisCreated.Inc()
+	i.events.Eventf(k8sNode, corev1.EventTypeNormal, "CreateNewENI", "created and attached %s in subnet %s", eniID, subnet.ID)
+	i.log.Info("created ENI", "node", n.name, "eni", eniID, "subnet", subnet.ID)
+	return nil
+}
+
+// eniPlacement returns the candidate subnets and security groups of a new ENI:
+// from the node's IPPool (written by the node agent); without one, those of
+// the node's existing ENIs.
+func (i *IPAM) eniPlacement(ctx context.Context, n *node) ([]string, []string, error) {
+	pool, err := i.deps.CCE.CceV1alpha1().IPPools(cce.IPPoolNamespace).Get(ctx, cce.IPPoolName(n.name), metav1.GetOptions{})
+	if err == nil && len(pool.Spec.ENI.Subnets) > 0 && len(pool.Spec.ENI.SecurityGroups) > 0 {
+		return pool.Spec.ENI.Subnets, pool.Spec.ENI.SecurityGroups, nil
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, nil, fmt.Errorf("get IPPool: %w", err)
+	}
+	for _, e := range n.enis() {
+		got, err := i.deps.Cloud.GetENI(ctx, e.ID)
+		if err == nil && len(got.SecurityGroupIDs) > 0 {
+			return []string{got.SubnetID}, got.SecurityGroupIDs, nil
+		}
+	}
+	return nil, nil, fmt.Errorf("node %s has no IPPool %s with subnets and security groups, and no ENI to copy them from",
+		n.name, cce.IPPoolName(n.name))
+}
+
+// mostFreeSubnet picks the candidate with the most available IPs.
+func (i *IPAM) mostFreeSubnet(ctx context.Context, ids []string) (*cloud.Subnet, error) {
+	var best *cloud.Subnet
+	var errs []error
+	for _, id := range ids {
+		s, err := i.deps.Cloud.DescribeSubnet(ctx, id)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if s.AvailableIP > 0 && (best == nil || s.AvailableIP > best.AvailableIP) {
+			best = s
+		}
+	}
+	if best == nil {
+		return nil, fmt.Errorf("no subnet of %v has a free IP for a new ENI: %w", ids, errors.Join(errs...))
+	}
+	return best, nil
+}
+
+// attach attaches the ENI and waits until BCE reports it in use.
+func (i *IPAM) attach(ctx context.Context, eniID, instanceID string) (*cloud.ENI, error) {
+	if err := i.deps.Cloud.AttachENI(ctx, eniID, instanceID); err != nil {
+		return nil, err
+	}
+	deadline := i.deps.Clock.Now().Add(attachTimeout)
+	for {
+		eni, err := i.deps.Cloud.GetENI(ctx, eniID)
+		switch {
+		case err != nil:
+		case eni.Status == cloud.ENIStatusInUse && eni.InstanceID == instanceID:
+			return eni, nil
+		case eni.Status == cloud.ENIStatusAvailable, eni.Status == cloud.ENIStatusDetaching:
+			return nil, fmt.Errorf("ENI went %s while attaching", eni.Status)
+		}
+		if i.deps.Clock.Now().After(deadline) {
+			return nil, fmt.Errorf("ENI not in use after %s", attachTimeout)
+		}
+		i.sleep(ctx, attachPoll)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// discardENI detaches (if needed) and deletes an ENI that could not be put to
+// use. Failures are left to the leaked-ENI sweep of the ENI sync.
+func (i *IPAM) discardENI(eniID, instanceID string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if eni, err := i.deps.Cloud.GetENI(ctx, eniID); err == nil && eni.Status != cloud.ENIStatusAvailable {
+		_ = i.deps.Cloud.DetachENI(ctx, eniID, instanceID)
+	}
+	if err := i.deps.Cloud.DeleteENI(ctx, eniID); err != nil {
+		i.log.Warn("could not delete an unusable ENI; the ENI sync will retry", "eni", eniID, "err", err)
+	}
+}
+
+// syncLoop runs syncENIs every ENISyncPeriod until ctx ends.
+func (i *IPAM) syncLoop(ctx context.Context) {
+	tick := i.deps.Clock.NewTicker(i.cfg.ENISyncPeriod)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C():
+			if err := i.SyncENIs(ctx); err != nil && ctx.Err() == nil {
+				i.log.Warn("ENI sync failed", "err", err)
+			}
+		}
+	}
+}
+
+// SyncENIs lists the cluster's ENIs once (VPC-wide, paginated: one call per
+// 1000 ENIs instead of one per node) and, for every served node, adopts new
+// in-use ENIs, drops vanished ones, keeps the node's IPPool status current
+// (writing only when it changed) and deletes leaked unattached ENIs.
+func (i *IPAM) SyncENIs(ctx context.Context) error {
+	enis, err := i.deps.Cloud.ListENIs(ctx, cloud.ListENIsOptions{VPCID: i.cfg.VPCID, NamePrefix: i.cfg.ClusterID + "/"})
+	if err != nil {
+		return fmt.Errorf("list ENIs: %w", err)
+	}
+	byInstance := map[string][]cloud.ENI{}
+	for _, e := range enis {
+		if e.InstanceID != "" {
+			byInstance[e.InstanceID] = append(byInstance[e.InstanceID], e)
+		}
+	}
+	now := i.deps.Clock.Now()
+	for _, name := range i.ServedNodes() {
+		n, ok := i.node(name)
+		if !ok {
+			continue
+		}
+		var inUse []cloud.ENI
+		for _, e := range byInstance[n.instanceID] {
+			if e.Status == cloud.ENIStatusInUse {
+				inUse = append(inUse, e)
+			}
+		}
+		i.adoptENIs(ctx, n, inUse)
+		i.writePoolStatus(ctx, n, inUse)
+	}
+	// Leaked: ours, unattached, older than leakedENIAge, for a served node.
+	for _, e := range enis {
+		if e.Status != cloud.ENIStatusAvailable || e.CreatedTime.IsZero() || now.Sub(e.CreatedTime) < leakedENIAge {
+			continue
+		}
+		parts := strings.Split(e.Name, "/")
+		if len(parts) != 4 {
+			continue
+		}
+		if _, ok := i.node(parts[2]); !ok {
+			continue
+		}
+		if err := i.deps.Cloud.DeleteENI(ctx, e.ID); err == nil {
+			i.metrics.gcActions.WithLabelValues("leaked_eni").Inc()
+			i.log.Info("deleted a leaked unattached ENI", "eni", e.ID, "name", e.Name)
+		}
+	}
+	return nil
+}
+
+// adoptENIs reconciles the node's datastore ENIs with the cloud's in-use
+// ones. Addresses on a new ENI enter the pool idle.
+func (i *IPAM) adoptENIs(ctx context.Context, n *node, inUse []cloud.ENI) {
+	have := map[string]bool{}
+	for _, e := range n.enis() {
+		have[e.ID] = true
+	}
+	want := map[string]bool{}
+	var list []datastore.ENI
+	for _, e := range inUse {
+		want[e.ID] = true
+		if have[e.ID] {
+			continue
+		}
+		de, ips, err := i.toDatastoreENI(ctx, e, n.capacity.MaxIPsPerENI)
+		if err != nil {
+			i.log.Warn("ENI sync: cannot adopt ENI", "eni", e.ID, "err", err)
+			continue
+		}
+		if err := i.store.AddENI(n.name, de); err != nil {
+			continue // raced with createENI, which recorded it
+		}
+		if len(ips) > 0 {
+			if err := i.store.AddIPs(n.name, de.ID, ips, i.deps.Clock.Now()); err != nil {
+				i.log.Warn("ENI sync: adopting the ENI's IPs failed", "eni", e.ID, "err", err)
+			}
+		}
+		list = append(list, de)
+		i.log.Info("ENI sync: adopted ENI", "node", n.name, "eni", e.ID)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	kept := n.eniList[:0]
+	for _, e := range n.eniList {
+		if want[e.ID] {
+			kept = append(kept, e)
+			continue
+		}
+		if dropped, err := i.store.RemoveENI(n.name, e.ID); err == nil {
+			for _, ip := range dropped {
+				if ip.State == datastore.StateAssigned {
+					i.log.Warn("ENI vanished with an assigned IP", "node", n.name, "eni", e.ID, "ip", ip.Addr, "owner", ip.Owner.String())
+				}
+			}
+		}
+	}
+	n.eniList = append(kept, list...)
+}
+
+// writePoolStatus sets the node's IPPool status.eni.enis to its in-use ENIs,
+// only when it differs, keeping the agent's interfaceIndex.
+func (i *IPAM) writePoolStatus(ctx context.Context, n *node, inUse []cloud.ENI) {
+	client := i.deps.CCE.CceV1alpha1().IPPools(cce.IPPoolNamespace)
+	pool, err := client.Get(ctx, cce.IPPoolName(n.name), metav1.GetOptions{})
+	if err != nil {
+		return // the node agent creates the pool; nothing to keep current yet
+	}
+	want := map[string]cce.ENI{}
+	for _, e := range inUse {
+		idx := int32(-1)
+		if old, ok := pool.Status.ENI.ENIs[e.ID]; ok {
+			idx = old.InterfaceIndex
+		}
+		s := cce.ENI{ID: e.ID, MAC: e.MACAddress, AvailabilityZone: e.ZoneName, Description: e.Description,
+			InterfaceIndex: idx, Subnet: e.SubnetID, VPC: e.VPCID, SecurityGroups: slices.Clone(e.SecurityGroupIDs)}
+		for _, p := range e.PrivateIPs {
+			s.PrivateIPSet = append(s.PrivateIPSet, cce.PrivateIP{IsPrimary: p.Primary, PrivateIPAddress: p.Address, PublicIPAddress: p.PublicIP})
+		}
+		want[e.ID] = s
+	}
+	if reflect.DeepEqual(pool.Status.ENI.ENIs, want) {
+		return
+	}
+	upd := pool.DeepCopy()
+	upd.Status.ENI.ENIs = want
+	if _, err := client.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		i.log.Info("IPPool status update failed; next sync retries", "pool", pool.Name, "err", err)
+	}
+}

@@ -3,7 +3,7 @@
 // nodes it serves, and records assignments as WorkloadEndpoints.
 //
 // Until the shard layer lands, a replica serves every BCC node of the
-// cluster; run one replica.
+// cluster and runs the Subnet controller; run one replica.
 //
 //	cce-ipam --kubeconfig ~/.kube/config --cluster-id cce-abc --vpc-id vpc-1 \
 //	    --bce-endpoint 127.0.0.1:8080 --bce-region bj --bce-credentials-dir /etc/bce
@@ -36,6 +36,7 @@ import (
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
+	"github.com/cce-ipam/sharded/ipamcore/subnet"
 )
 
 type options struct {
@@ -46,6 +47,7 @@ type options struct {
 	cloud         cloud.Config
 	ipam          ipam.Config
 	cni           cni.Config
+	subnet        subnet.Config
 }
 
 func main() {
@@ -58,6 +60,7 @@ func main() {
 	o.cloud.RegisterFlags(fs)
 	o.ipam.RegisterFlags(fs)
 	o.cni.RegisterFlags(fs)
+	o.subnet.RegisterFlags(fs)
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return
@@ -79,7 +82,7 @@ func main() {
 }
 
 func run(ctx context.Context, o options, log *slog.Logger) error {
-	for _, v := range []interface{ Validate() error }{&o.cloud, o.ipam, &o.cni} {
+	for _, v := range []interface{ Validate() error }{&o.cloud, o.ipam, &o.cni, o.subnet} {
 		if err := v.Validate(); err != nil {
 			return err
 		}
@@ -96,9 +99,10 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		return err
 	}
 	defer provider.Close()
+	cceClient := cceclient.NewForConfigOrDie(restCfg)
 	core, err := ipam.New(o.ipam, ipam.Deps{
 		Kube:  kubernetes.NewForConfigOrDie(restCfg),
-		CCE:   cceclient.NewForConfigOrDie(restCfg),
+		CCE:   cceClient,
 		Cloud: provider,
 	}, log.With("component", "ipam"), reg)
 	if err != nil {
@@ -132,6 +136,9 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return core.Run(ctx) })
 	g.Go(func() error { return core.ServeAllNodes(ctx) })
+	g.Go(func() error {
+		return subnet.NewController(o.subnet, cceClient, provider, log.With("component", "subnet"), reg).Run(ctx)
+	})
 	g.Go(func() error { return gs.Serve(grpcLis) })
 	g.Go(func() error {
 		if err := hs.Serve(metricsLis); !errors.Is(err, http.ErrServerClosed) {

@@ -59,6 +59,7 @@ type IPAM struct {
 	pods          corelisters.PodLister
 	nodes         corelisters.NodeLister
 	weps          ccelisters.WorkloadEndpointLister
+	subnets       ccelisters.SubnetLister
 
 	gcMu         sync.Mutex
 	leakSuspects map[netip.Addr]time.Time // first seen assigned without a wep
@@ -113,6 +114,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 	i.pods = i.kubeInformers.Core().V1().Pods().Lister()
 	i.nodes = i.kubeInformers.Core().V1().Nodes().Lister()
 	i.weps = i.cceInformers.Cce().V1alpha1().WorkloadEndpoints().Lister()
+	i.subnets = i.cceInformers.Cce().V1alpha1().Subnets().Lister()
 	return i, nil
 }
 

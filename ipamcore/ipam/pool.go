@@ -10,6 +10,8 @@ import (
 	"slices"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
+
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
 	"github.com/cce-ipam/sharded/ipamcore/pool"
@@ -94,9 +96,25 @@ func (i *IPAM) poolState(n *node) (pool.NodeState, bool) {
 	if err != nil {
 		return pool.NodeState{}, false
 	}
-	st := pool.StateFromSnapshot(snap, nil)
+	st := pool.StateFromSnapshot(snap, i.exhaustedSubnets())
 	st.Waiting = n.waiters()
 	return st, true
+}
+
+// exhaustedSubnets are the subnets whose Subnet resource says they have no
+// free IP (kept current by package subnet): the planner skips their ENIs.
+func (i *IPAM) exhaustedSubnets() map[string]bool {
+	list, err := i.subnets.List(labels.Everything())
+	if err != nil {
+		return nil
+	}
+	out := map[string]bool{}
+	for _, s := range list {
+		if s.Status.HasNoMoreIP {
+			out[s.Name] = true
+		}
+	}
+	return out
 }
 
 // grow carries out a plan's adds; it reports whether any IPs were added.

@@ -1,0 +1,330 @@
+package kubeletsim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+// Deps are the simulator's connections to the outside.
+type Deps struct {
+	// Kube is required.
+	Kube kubernetes.Interface
+	// CCE writes the node agent's IPPools; optional.
+	CCE cceclient.Interface
+	// Instances and ENIs are needed by RegisterNodes only.
+	Instances InstanceAdder
+	ENIs      ENIAPI
+}
+
+// Simulator plays the kubelet and the CNI plugin of every node labelled
+// LabelSimulator=Config.Name. Create it with New, add nodes with
+// RegisterNodes (before or while it runs), and start it with Run.
+type Simulator struct {
+	cfg     Config
+	deps    Deps
+	log     *slog.Logger
+	metrics *metrics
+	counts  counters
+
+	broadcaster record.EventBroadcaster
+	events      record.EventRecorder
+
+	// mu guards placement and pods (the map; a podState is only touched by
+	// the worker holding its key, which the queue makes exclusive).
+	mu    sync.Mutex
+	place *placement
+	pods  map[string]*podState
+
+	synced chan struct{}
+}
+
+// New builds a Simulator; it starts nothing (Run does).
+func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Simulator, error) {
+	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("kubeletsim config: %w", err)
+	}
+	if deps.Kube == nil {
+		return nil, errors.New("kubeletsim: Deps.Kube is required")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Simulator{
+		cfg: cfg, deps: deps, log: log, metrics: newMetrics(reg),
+		place: newPlacement(cfg.MaxPodsPerNode), pods: map[string]*podState{},
+		synced: make(chan struct{}),
+	}
+	s.broadcaster = record.NewBroadcaster(record.WithContext(context.Background()))
+	s.events = s.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet"})
+	return s, nil
+}
+
+// Synced is closed once Run's informers have synced.
+func (s *Simulator) Synced() <-chan struct{} { return s.synced }
+
+// Stats returns a snapshot of the counters.
+func (s *Simulator) Stats() Stats {
+	s.mu.Lock()
+	sandboxes := 0
+	for _, st := range s.pods {
+		if st.sandbox != "" {
+			sandboxes++
+		}
+	}
+	s.mu.Unlock()
+	c := &s.counts
+	return Stats{
+		Binds: c.binds.Load(), BindErrors: c.bindErrors.Load(),
+		Allocations: c.allocs.Load(), AllocationErrors: c.allocErrors.Load(),
+		Releases: c.releases.Load(), ReleaseErrors: c.releaseErrors.Load(),
+		StatusErrors: c.statusErrors.Load(), PodsStarted: c.started.Load(), PodsDeleted: c.deleted.Load(),
+		Sandboxes:       sandboxes,
+		AllocateLatency: c.allocLatency.summary(), StartupLatency: c.startupLatency.summary(),
+	}
+}
+
+// NodeLoad returns the pods the simulator counts on node.
+func (s *Simulator) NodeLoad(node string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.place.load(node)
+}
+
+const nodeIndex = "spec.nodeName"
+
+// run-time handles shared by the workers; built by Run.
+type runtime struct {
+	cni   rpc.CNIBackendClient
+	pods  corelisters.PodLister
+	index cache.Indexer
+	queue workqueue.TypedRateLimitingInterface[string]
+}
+
+// Run watches pods and simulated nodes and drives every pod through bind,
+// ADD, Running and, on deletion, DEL and removal, with Config.Workers
+// workers. It blocks until ctx ends and returns after every goroutine it
+// started has exited.
+func (s *Simulator) Run(ctx context.Context) error {
+	if s.cfg.CNIEndpoint == "" {
+		return errors.New("kubeletsim: Config.CNIEndpoint is required")
+	}
+	conn, err := grpc.NewClient(s.cfg.CNIEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("kubeletsim: CNI endpoint: %w", err)
+	}
+	defer conn.Close()
+
+	s.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.deps.Kube.CoreV1().Events("")})
+	defer s.broadcaster.Shutdown()
+
+	stripManaged := func(obj any) (any, error) {
+		if m, err := meta.Accessor(obj); err == nil {
+			m.SetManagedFields(nil)
+		}
+		return obj, nil
+	}
+	podFactory := informers.NewSharedInformerFactoryWithOptions(s.deps.Kube, 0,
+		informers.WithNamespace(s.cfg.Namespace), informers.WithTransform(stripManaged))
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.deps.Kube, 0,
+		informers.WithTransform(stripManaged),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = labels.Set{LabelSimulator: s.cfg.Name}.String()
+		}))
+	podInformer := podFactory.Core().V1().Pods().Informer()
+	if err := podInformer.AddIndexers(cache.Indexers{nodeIndex: func(obj any) ([]string, error) {
+		if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+			return []string{p.Spec.NodeName}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return err
+	}
+	nodeInformer := nodeFactory.Core().V1().Nodes().Informer()
+
+	rt := &runtime{
+		cni:   rpc.NewCNIBackendClient(conn),
+		pods:  podFactory.Core().V1().Pods().Lister(),
+		index: podInformer.GetIndexer(),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](s.cfg.RetryBase, s.cfg.RetryMax),
+			workqueue.TypedRateLimitingQueueConfig[string]{}),
+	}
+	defer rt.queue.ShutDown()
+
+	enqueue := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			rt.queue.Add(key)
+		}
+	}
+	if _, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue, DeleteFunc: enqueue, UpdateFunc: func(_, cur any) { enqueue(cur) },
+	}); err != nil {
+		return err
+	}
+	nodeEvent := func(obj any, present bool) {
+		name := nodeName(obj)
+		if name == "" {
+			return
+		}
+		s.mu.Lock()
+		if present {
+			s.place.addNode(name)
+		} else {
+			s.place.removeNode(name)
+		}
+		s.mu.Unlock()
+		// Pods bound before the node was known were skipped: look again.
+		pods, _ := rt.index.ByIndex(nodeIndex, name)
+		for _, p := range pods {
+			enqueue(p)
+		}
+	}
+	if _, err := nodeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { nodeEvent(obj, true) },
+		UpdateFunc: func(_, cur any) { nodeEvent(cur, nodeDeletionTimestamp(cur) == nil) },
+		DeleteFunc: func(obj any) { nodeEvent(obj, false) },
+	}); err != nil {
+		return err
+	}
+
+	podFactory.Start(ctx.Done())
+	nodeFactory.Start(ctx.Done())
+	defer podFactory.Shutdown()
+	defer nodeFactory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced, nodeInformer.HasSynced) {
+		return nil // ctx ended first
+	}
+	close(s.synced)
+	s.log.Info("kubelet simulator running", "name", s.cfg.Name, "cni", s.cfg.CNIEndpoint, "workers", s.cfg.Workers)
+
+	var wg sync.WaitGroup
+	for range s.cfg.Workers {
+		wg.Go(func() {
+			for s.processNext(ctx, rt) {
+			}
+		})
+	}
+	<-ctx.Done()
+	rt.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+func (s *Simulator) processNext(ctx context.Context, rt *runtime) bool {
+	key, shutdown := rt.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer rt.queue.Done(key)
+	after, err := s.sync(ctx, rt, key)
+	switch {
+	case ctx.Err() != nil:
+	case err != nil:
+		s.log.Debug("pod sync failed; backing off", "pod", key, "retries", rt.queue.NumRequeues(key), "err", err)
+		rt.queue.AddRateLimited(key)
+	case after > 0:
+		rt.queue.Forget(key)
+		rt.queue.AddAfter(key, after)
+	default:
+		rt.queue.Forget(key)
+	}
+	return true
+}
+
+// ADD and DEL calls of the simulated CNI plugin.
+
+func (s *Simulator) allocate(ctx context.Context, rt *runtime, namespace, name, containerID, node string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CNITimeout)
+	defer cancel()
+	start := time.Now()
+	reply, err := rt.cni.AllocateIP(ctx, &rpc.AllocateIPRequest{
+		K8SPodName: name, K8SPodNamespace: namespace, K8SPodInfraContainerID: containerID,
+		K8SNodeName: node, IPType: rpc.IPType_BCCMultiENIMultiIPType,
+	})
+	d := time.Since(start)
+	s.metrics.duration.WithLabelValues("AllocateIP").Observe(d.Seconds())
+	switch {
+	case err != nil:
+	case !reply.IsSuccess:
+		err = errors.New(reply.ErrMsg)
+	case reply.GetENIMultiIP().GetIP() == "":
+		err = errors.New("AllocateIP succeeded without an IP")
+	}
+	if err != nil {
+		s.counts.allocErrors.Add(1)
+		s.metrics.calls.WithLabelValues("AllocateIP", "error").Inc()
+		return "", err
+	}
+	s.counts.allocs.Add(1)
+	s.counts.allocLatency.add(d)
+	s.metrics.calls.WithLabelValues("AllocateIP", "ok").Inc()
+	return reply.GetENIMultiIP().GetIP(), nil
+}
+
+func (s *Simulator) release(ctx context.Context, rt *runtime, namespace, name, containerID string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CNITimeout)
+	defer cancel()
+	start := time.Now()
+	reply, err := rt.cni.ReleaseIP(ctx, &rpc.ReleaseIPRequest{
+		K8SPodName: name, K8SPodNamespace: namespace, K8SPodInfraContainerID: containerID,
+		IPType: rpc.IPType_BCCMultiENIMultiIPType,
+	})
+	s.metrics.duration.WithLabelValues("ReleaseIP").Observe(time.Since(start).Seconds())
+	if err == nil && !reply.IsSuccess {
+		err = errors.New(reply.ErrMsg)
+	}
+	if err != nil {
+		s.counts.releaseErrors.Add(1)
+		s.metrics.calls.WithLabelValues("ReleaseIP", "error").Inc()
+		return err
+	}
+	s.counts.releases.Add(1)
+	s.metrics.calls.WithLabelValues("ReleaseIP", "ok").Inc()
+	return nil
+}
+
+func nodeOf(obj any) *corev1.Node {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	n, _ := obj.(*corev1.Node)
+	return n
+}
+
+func nodeName(obj any) string {
+	if n := nodeOf(obj); n != nil {
+		return n.Name
+	}
+	return ""
+}
+
+func nodeDeletionTimestamp(obj any) *metav1.Time {
+	if n := nodeOf(obj); n != nil {
+		return n.DeletionTimestamp
+	}
+	return nil
+}

@@ -39,15 +39,20 @@ func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, erro
 	// A repeated ADD of the same sandbox gets the same answer.
 	if wep, err := i.weps.WorkloadEndpoints(ref.Namespace).Get(ref.Name); err == nil &&
 		wep.Spec.ContainerID == ref.ContainerID && wep.Spec.Node == n.name {
+		i.metrics.allocations.WithLabelValues("ok", pathRepeat).Inc()
 		return endpointOf(wep), nil
+	}
+	path := pathPool
+	if isFixedIPPod(pod) {
+		path = pathFixed
 	}
 	wep, err := i.allocate(ctx, pod, n, datastore.Owner{Namespace: ref.Namespace, Name: ref.Name, ContainerID: ref.ContainerID})
 	if err != nil {
-		i.metrics.allocations.WithLabelValues("error").Inc()
+		i.metrics.allocations.WithLabelValues("error", path).Inc()
 		i.events.Eventf(pod, corev1.EventTypeWarning, "AllocateIPFailed", "allocate IP on node %s: %v", n.name, err)
 		return cni.Endpoint{}, err
 	}
-	i.metrics.allocations.WithLabelValues("ok").Inc()
+	i.metrics.allocations.WithLabelValues("ok", path).Inc()
 	if st, err := i.store.Stats(n.name, i.deps.Clock.Now()); err == nil && st.Idle < i.cfg.IdleMin {
 		n.poke()
 	}

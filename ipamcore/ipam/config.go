@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -38,6 +39,9 @@ type Config struct {
 	// to adopt new ENIs, drop vanished ones, keep IPPool status current and
 	// delete leaked ENIs. Defaults to 20s.
 	ENISyncPeriod time.Duration
+	// SubnetSelection chooses the subnet of a new ENI among its IPPool's:
+	// MostFreeIP (default) or LeastENI.
+	SubnetSelection string
 	// GCPeriod is how often garbage is collected. Defaults to 120s.
 	GCPeriod time.Duration
 	// LeakGrace is how long an assigned IP without a WorkloadEndpoint is
@@ -58,6 +62,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.AllocateWait, "allocate-wait", 10*time.Second, "how long an allocation waits for the pool to refill")
 	fs.DurationVar(&c.Cooldown, "ip-cooling-period", 5*time.Second, "how long a released IP rests before it is handed out again")
 	fs.DurationVar(&c.ENISyncPeriod, "eni-sync-period", 20*time.Second, "how often the cluster's ENIs are listed to adopt, drop and clean up ENIs and to update IPPool status")
+	fs.StringVar(&c.SubnetSelection, "eni-subnet-selection", SubnetMostFreeIP, "subnet of a new ENI among its IPPool's: MostFreeIP or LeastENI")
 	fs.DurationVar(&c.GCPeriod, "gc-period", 120*time.Second, "how often weps of deleted pods, fixed IPs of deleted or scaled-down StatefulSets and leaked IPs are collected")
 	fs.DurationVar(&c.LeakGrace, "leaked-ip-grace", 10*time.Minute, "how long an assigned IP without a WorkloadEndpoint waits before it is reclaimed")
 }
@@ -84,6 +89,9 @@ func (c *Config) defaults() {
 	if c.ENISyncPeriod == 0 {
 		c.ENISyncPeriod = 20 * time.Second
 	}
+	if c.SubnetSelection == "" {
+		c.SubnetSelection = SubnetMostFreeIP
+	}
 	if c.GCPeriod == 0 {
 		c.GCPeriod = 120 * time.Second
 	}
@@ -108,6 +116,9 @@ func (c Config) Validate() error {
 	}
 	if c.VPCID == "" {
 		errs = append(errs, errors.New("VPC ID is required"))
+	}
+	if c.SubnetSelection != SubnetMostFreeIP && c.SubnetSelection != SubnetLeastENI {
+		errs = append(errs, fmt.Errorf("subnet selection %q: want %s or %s", c.SubnetSelection, SubnetMostFreeIP, SubnetLeastENI))
 	}
 	if err := c.poolConfig().Validate(); err != nil {
 		errs = append(errs, err)

@@ -44,7 +44,7 @@ func (i *IPAM) createENI(ctx context.Context, n *node) error {
 		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "%v", err)
 		return err
 	}
-	subnet, err := i.mostFreeSubnet(ctx, subnets)
+	subnet, err := i.chooseSubnet(ctx, n, subnets)
 	if err != nil {
 		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "%v", err)
 		return err
@@ -107,17 +107,45 @@ func (i *IPAM) eniPlacement(ctx context.Context, n *node) ([]string, []string, e
 		n.name, cce.IPPoolName(n.name))
 }
 
-// mostFreeSubnet picks the candidate with the most available IPs.
-func (i *IPAM) mostFreeSubnet(ctx context.Context, ids []string) (*cloud.Subnet, error) {
+// Subnet selection policies for new ENIs.
+const (
+	// SubnetMostFreeIP picks the candidate subnet with the most free IPs.
+	SubnetMostFreeIP = "MostFreeIP"
+	// SubnetLeastENI picks the candidate subnet holding the fewest of the
+	// node's ENIs (spreading a node over subnets), then the most free IPs.
+	SubnetLeastENI = "LeastENI"
+)
+
+// chooseSubnet picks a subnet with free IPs by the configured policy.
+// Subnets marked exhausted are skipped without asking the cloud.
+func (i *IPAM) chooseSubnet(ctx context.Context, n *node, ids []string) (*cloud.Subnet, error) {
+	perSubnet := map[string]int{}
+	for _, e := range n.enis() {
+		perSubnet[e.SubnetID]++
+	}
+	exhausted := i.exhaustedSubnets()
 	var best *cloud.Subnet
 	var errs []error
 	for _, id := range ids {
+		if exhausted[id] {
+			continue
+		}
 		s, err := i.deps.Cloud.DescribeSubnet(ctx, id)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if s.AvailableIP > 0 && (best == nil || s.AvailableIP > best.AvailableIP) {
+		if s.AvailableIP <= 0 {
+			continue
+		}
+		switch {
+		case best == nil:
+			best = s
+		case i.cfg.SubnetSelection == SubnetLeastENI && perSubnet[s.ID] != perSubnet[best.ID]:
+			if perSubnet[s.ID] < perSubnet[best.ID] {
+				best = s
+			}
+		case s.AvailableIP > best.AvailableIP:
 			best = s
 		}
 	}

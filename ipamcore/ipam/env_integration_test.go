@@ -66,6 +66,7 @@ type env struct {
 	cfg      ipam.Config
 
 	ipam *ipam.IPAM
+	reg  *prometheus.Registry
 	cni  rpc.CNIBackendClient
 	stop func()
 }
@@ -81,6 +82,7 @@ type world struct {
 	maxENIs        int  // cce.io/max-eni-num, when set
 	noENI          bool // no pre-attached ENI: the IPAM must create one
 	ipPool         bool // an IPPool ippool-<node> as the node agent writes it
+	secondSubnet   bool // the IPPool lists a second subnet, 10.4.0.0/20
 }
 
 func newEnv(t testing.TB, prefix string, nodes int, cfg ipam.Config) *env {
@@ -122,6 +124,14 @@ func newEnvIn(t testing.TB, prefix string, nodes int, cfg ipam.Config, w world) 
 	if err != nil {
 		t.Fatal(err)
 	}
+	poolSubnets := []string{subnet}
+	if w.secondSubnet {
+		second, err := sim.AddSubnet(bcesim.SubnetSpec{ID: "sbn-" + prefix + "-b", ZoneName: testZone, CIDR: "10.4.0.0/20", VPCID: testVPC})
+		if err != nil {
+			t.Fatal(err)
+		}
+		poolSubnets = append(poolSubnets, second)
+	}
 	sg, err := sim.AddSecurityGroup(bcesim.SecurityGroupSpec{ID: "g-" + prefix, VPCID: testVPC})
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +168,7 @@ func newEnvIn(t testing.TB, prefix string, nodes int, cfg ipam.Config, w world) 
 			_, err := e.cce.CceV1alpha1().IPPools(cce.IPPoolNamespace).Create(ctx, &cce.IPPool{
 				ObjectMeta: metav1.ObjectMeta{Name: cce.IPPoolName(name)},
 				Spec: cce.IPPoolSpec{NodeSelector: "kubernetes.io/hostname=" + name, CreationSource: "cce-cni",
-					ENI: cce.ENISpec{VPCID: testVPC, AvailabilityZone: testZone, Subnets: []string{subnet}, SecurityGroups: []string{sg}}},
+					ENI: cce.ENISpec{VPCID: testVPC, AvailabilityZone: testZone, Subnets: poolSubnets, SecurityGroups: []string{sg}}},
 			}, metav1.CreateOptions{})
 			if err != nil {
 				t.Fatal(err)
@@ -196,7 +206,8 @@ func newEnvIn(t testing.TB, prefix string, nodes int, cfg ipam.Config, w world) 
 func (e *env) start() {
 	t := e.t
 	t.Helper()
-	ip, err := ipam.New(e.cfg, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: e.cloud}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	e.reg = prometheus.NewRegistry()
+	ip, err := ipam.New(e.cfg, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: e.cloud}, slog.New(slog.DiscardHandler), e.reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,4 +393,36 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// gauge reads a gauge (or counter) of the IPAM's registry; labels are name,
+// value pairs. It returns -1 when the series is absent.
+func (e *env) gauge(name string, labels ...string) float64 {
+	e.t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k := 0; k+1 < len(labels); k += 2 {
+				if have[labels[k]] != labels[k+1] {
+					continue next
+				}
+			}
+			if m.Gauge != nil {
+				return m.GetGauge().GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return -1
 }

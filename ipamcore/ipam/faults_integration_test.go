@@ -116,7 +116,8 @@ func TestIPAM_RateLimitedCloud(t *testing.T) {
 // is created; every pod gets an IP and nothing leaks.
 func TestIPAM_CreatesENIsWhenNeeded(t *testing.T) {
 	e := newEnvIn(t, "ce", 1, ipam.Config{IdleMin: 2, IdleMax: 6, BatchAdd: 4, AllocateWait: 30 * time.Second,
-		PoolCheckPeriod: 200 * time.Millisecond}, world{memoryGB: 4, annotateMaxIPs: true, noENI: true, ipPool: true})
+		PoolCheckPeriod: 200 * time.Millisecond, SubnetSelection: ipam.SubnetLeastENI},
+		world{memoryGB: 4, annotateMaxIPs: true, noENI: true, ipPool: true, secondSubnet: true})
 	perENI := bcesim.MaxIPsPerENI(4) - 1
 	pods := e.createPods("p", perENI+3)
 	replies := e.allocateAll(pods, 2)
@@ -124,8 +125,13 @@ func TestIPAM_CreatesENIsWhenNeeded(t *testing.T) {
 		t.Fatalf("%d of %d pods got an IP", len(replies), len(pods))
 	}
 	enis := map[string]bool{}
+	subnets := map[string]bool{}
 	for _, r := range replies {
 		enis[r.ENIID] = true
+		subnets[r.SubnetID] = true
+	}
+	if len(subnets) != 2 {
+		t.Fatalf("LeastENI put the node's ENIs in %d subnet(s), want one per subnet of its IPPool", len(subnets))
 	}
 	if len(enis) != 2 {
 		t.Fatalf("pods are on %d ENIs, want 2 (one created for the empty node, one when it filled)", len(enis))

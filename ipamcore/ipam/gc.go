@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -59,6 +61,7 @@ func (i *IPAM) CollectGarbage(ctx context.Context) {
 		}
 	}
 	i.collectLeakedIPs(ctx, named)
+	i.collectLeakedIPPools(ctx)
 	i.metrics.gcDuration.Observe(i.deps.Clock.Since(start).Seconds())
 }
 
@@ -68,6 +71,14 @@ const (
 	gcLeakedPod          = "leaked_pod"
 	gcLeakedIP           = "leaked_ip"
 )
+
+// nodeEvent records a Normal event on a node, for GC actions an operator
+// should be able to see with kubectl describe node.
+func (i *IPAM) nodeEvent(nodeName, reason, format string, args ...any) {
+	if n, err := i.nodes.Get(nodeName); err == nil {
+		i.events.Eventf(n, corev1.EventTypeNormal, reason, format, args...)
+	}
+}
 
 // wepGarbage decides whether a wep of a served node is garbage, and why. It
 // confirms with the API server before saying yes: the cache may lag.
@@ -120,6 +131,7 @@ func (i *IPAM) freeLeakedPod(ctx context.Context, w *cce.WorkloadEndpoint) {
 		}
 	}
 	i.metrics.gcActions.WithLabelValues(gcLeakedPod).Inc()
+	i.nodeEvent(w.Spec.Node, "ReleasedLeakedPodIP", "released %s of deleted pod %s/%s", w.Spec.IP, w.Namespace, w.Name)
 	i.log.Info("gc: released the IP of a deleted pod", "wep", w.Namespace+"/"+w.Name, "ip", w.Spec.IP)
 }
 
@@ -148,6 +160,7 @@ func (i *IPAM) freeFixed(ctx context.Context, w *cce.WorkloadEndpoint, kind stri
 		return
 	}
 	i.metrics.gcActions.WithLabelValues(kind).Inc()
+	i.nodeEvent(w.Spec.Node, "ReleasedFixedIP", "released fixed IP %s of %s/%s (%s)", addr, w.Namespace, w.Name, kind)
 	i.log.Info("gc: released a fixed IP", "reason", kind, "wep", w.Namespace+"/"+w.Name, "ip", addr)
 }
 
@@ -185,6 +198,7 @@ func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datast
 					delete(i.leakSuspects, ip.Addr)
 					delete(seen, ip.Addr)
 					i.metrics.gcActions.WithLabelValues(gcLeakedIP).Inc()
+					i.nodeEvent(nodeName, "ReclaimedLeakedIP", "reclaimed %s, assigned to %s without a WorkloadEndpoint for %s", ip.Addr, ip.Owner, i.cfg.LeakGrace)
 					i.log.Info("gc: reclaimed a leaked IP", "node", nodeName, "ip", ip.Addr, "owner", ip.Owner.String())
 				}
 			}
@@ -197,6 +211,34 @@ func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datast
 	}
 	i.metrics.leakSuspects.Set(float64(len(i.leakSuspects)))
 	i.metrics.leakOldest.Set(oldest.Seconds())
+}
+
+// collectLeakedIPPools deletes the IPPools the node agent wrote (creation
+// source cce-cni, named after the node it selects) for nodes that no longer
+// exist; user pools are left alone. The node's absence is confirmed live.
+func (i *IPAM) collectLeakedIPPools(ctx context.Context) {
+	client := i.deps.CCE.CceV1alpha1().IPPools(cce.IPPoolNamespace)
+	pools, err := client.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	for _, p := range pools.Items {
+		// The agent's pools select their node by hostname.
+		nodeName, ok := strings.CutPrefix(p.Spec.NodeSelector, "kubernetes.io/hostname=")
+		if !ok || p.Spec.CreationSource != cce.IPPoolCreationSourceCNI || p.Name != cce.IPPoolName(nodeName) {
+			continue
+		}
+		if _, err := i.nodes.Get(nodeName); err == nil {
+			continue
+		}
+		if _, err := i.deps.Kube.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			continue
+		}
+		if err := client.Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}}); err == nil {
+			i.metrics.gcActions.WithLabelValues("leaked_ippool").Inc()
+			i.log.Info("gc: deleted the IPPool of a deleted node", "ippool", p.Name)
+		}
+	}
 }
 
 // wepNames confirms with the API server that the owner's wep names the IP.

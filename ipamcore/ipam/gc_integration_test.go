@@ -180,6 +180,10 @@ func TestIPAM_GC_LeakedPodAndLeakedIP(t *testing.T) {
 	if assigned() != 2 {
 		t.Fatalf("after leaked-pod GC %d assigned, want 2", assigned())
 	}
+	eventually(t, 10*time.Second, "ReleasedLeakedPodIP event on the node", func() bool {
+		evs, err := e.kube.CoreV1().Events(metav1.NamespaceDefault).List(e.ctx, metav1.ListOptions{FieldSelector: "reason=ReleasedLeakedPodIP"})
+		return err == nil && len(evs.Items) > 0 && evs.Items[0].InvolvedObject.Name == e.nodes[0]
+	})
 
 	// The wep vanishes but the datastore still assigns the IP: a leak,
 	// reclaimed only after LeakGrace.
@@ -202,6 +206,9 @@ func TestIPAM_GC_LeakedPodAndLeakedIP(t *testing.T) {
 	eventually(t, 20*time.Second, "leaked IP reclaimed", func() bool { e.ipam.CollectGarbage(context.Background()); return assigned() == 1 })
 	if waited := time.Since(start); waited < time.Second {
 		t.Fatalf("leaked IP reclaimed after %s, before the 2s grace", waited)
+	}
+	if got := e.gauge("cce_ipam_gc_actions_total", "kind", "leaked_ip"); got != 1 {
+		t.Fatalf("cce_ipam_gc_actions_total{kind=leaked_ip} = %v, want 1", got)
 	}
 	// The surviving pod is untouched.
 	if !e.wepExists(pods[2].name) {

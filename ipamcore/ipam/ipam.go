@@ -105,6 +105,11 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 
 		leakSuspects: map[netip.Addr]time.Time{},
 	}
+	if reg != nil {
+		if err := reg.Register(newPoolCollector(i)); err != nil {
+			return nil, fmt.Errorf("register pool metrics: %w", err)
+		}
+	}
 	i.broadcaster = record.NewBroadcaster(record.WithContext(context.Background()))
 	i.events = i.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "cce-ipam"})
 	// No periodic resync: every decision re-reads what it needs, and the

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
@@ -61,6 +62,15 @@ func TestIPAM_AllocateRelease_20Nodes30Pods(t *testing.T) {
 		if st := e.stats(n); st.Assigned != 30 {
 			t.Fatalf("node %s: %d assigned, want 30", n, st.Assigned)
 		}
+	}
+	if got := e.gauge("cce_ipam_pool_ips", "state", "assigned"); got != 600 {
+		t.Fatalf("cce_ipam_pool_ips{state=assigned} = %v, want 600", got)
+	}
+	if got := e.gauge("cce_ipam_served_nodes"); got != 20 {
+		t.Fatalf("cce_ipam_served_nodes = %v, want 20", got)
+	}
+	if got := e.gauge("cce_ipam_allocations_total", "result", "ok", "path", "pool"); got != 600 {
+		t.Fatalf("cce_ipam_allocations_total{ok,pool} = %v, want 600", got)
 	}
 
 	// A repeated ADD of the same sandbox gets the same IP.
@@ -203,7 +213,7 @@ func TestIPAM_DelRacingAdd(t *testing.T) {
 // ServeAllNodes follows the cluster: a new BCC node is served, a deleted
 // node's state is dropped without touching the others.
 func TestIPAM_ServeAllNodesFollowsNodes(t *testing.T) {
-	e := newEnv(t, "all", 2, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnvIn(t, "all", 2, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond}, world{annotateMaxIPs: true, ipPool: true})
 	for _, n := range e.nodes {
 		e.ipam.StopServingNode(n)
 	}
@@ -222,5 +232,14 @@ func TestIPAM_ServeAllNodesFollowsNodes(t *testing.T) {
 	})
 	if _, err := e.ipam.Stats(e.nodes[0]); err != nil {
 		t.Fatalf("dropping one node dropped the other: %v", err)
+	}
+	// GC deletes the deleted node's IPPool (the agent's), not the other's.
+	e.ipam.CollectGarbage(e.ctx)
+	pools := e.cce.CceV1alpha1().IPPools(cce.IPPoolNamespace)
+	if _, err := pools.Get(e.ctx, cce.IPPoolName(e.nodes[1]), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("IPPool of the deleted node still there (err %v)", err)
+	}
+	if _, err := pools.Get(e.ctx, cce.IPPoolName(e.nodes[0]), metav1.GetOptions{}); err != nil {
+		t.Fatalf("IPPool of a live node deleted: %v", err)
 	}
 }

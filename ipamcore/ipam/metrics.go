@@ -5,6 +5,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
+// Allocation and release paths (the "path" label).
+const (
+	pathPool   = "pool"   // an ordinary pod, from or back to the warm pool
+	pathFixed  = "fixed"  // a fixed-IP StatefulSet pod
+	pathRepeat = "repeat" // a repeated ADD of the same sandbox
+)
+
 type metrics struct {
 	allocations  *prometheus.CounterVec
 	releases     *prometheus.CounterVec
@@ -23,11 +30,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
 	return &metrics{
 		allocations: f.NewCounterVec(prometheus.CounterOpts{
-			Name: "cce_ipam_allocations_total", Help: "Pod IP allocations by result.",
-		}, []string{"result"}),
+			Name: "cce_ipam_allocations_total", Help: "Pod IP allocations by result and path (pool, fixed, repeat).",
+		}, []string{"result", "path"}),
 		releases: f.NewCounterVec(prometheus.CounterOpts{
-			Name: "cce_ipam_releases_total", Help: "Pod IP releases that freed an IP, by result.",
-		}, []string{"result"}),
+			Name: "cce_ipam_releases_total", Help: "Pod IP releases by result and path (pool; fixed keeps the IP reserved).",
+		}, []string{"result", "path"}),
 		rebuilds: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_node_rebuilds_total", Help: "Node state rebuilds (ServeNode) by result.",
 		}, []string{"result"}),

@@ -47,7 +47,7 @@ func (i *IPAM) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool,
 		if _, err := client.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
 			i.log.Info("could not stamp a fixed wep on release", "wep", wep.Namespace+"/"+wep.Name, "err", err)
 		}
-		i.metrics.releases.WithLabelValues("kept_fixed").Inc()
+		i.metrics.releases.WithLabelValues("ok", pathFixed).Inc()
 		return endpointOf(wep), true, nil
 	}
 	addr, err := netip.ParseAddr(wep.Spec.IP)
@@ -58,7 +58,7 @@ func (i *IPAM) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool,
 	// The wep goes first: while it exists the IP stays assigned, so a
 	// failure here leaves everything consistent and kubelet retries.
 	if err := i.deleteWEP(ctx, wep); err != nil {
-		i.metrics.releases.WithLabelValues("error").Inc()
+		i.metrics.releases.WithLabelValues("error", pathPool).Inc()
 		return cni.Endpoint{}, false, err
 	}
 	rel, err := i.store.Release(n.name, addr, ref.ContainerID, i.deps.Clock.Now())
@@ -73,7 +73,7 @@ func (i *IPAM) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool,
 		// Cross-subnet addresses cannot serve other pods.
 		n.queueReturn(addr, rel.Info.ENIID)
 	}
-	i.metrics.releases.WithLabelValues("ok").Inc()
+	i.metrics.releases.WithLabelValues("ok", pathPool).Inc()
 	if st, err := i.store.Stats(n.name, i.deps.Clock.Now()); err == nil && st.Idle > i.cfg.IdleMax {
 		n.poke() // the worker trims the pool back to IdleMax
 	}

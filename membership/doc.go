@@ -1,0 +1,30 @@
+// Package membership tells every cce-ipam replica which replicas are alive,
+// and elects one of them leader for the singleton duties.
+//
+// Gossip (hashicorp/memberlist, LAN profile) does discovery, fast failure
+// detection and the address book: each member advertises a small versioned
+// Meta (gRPC address, version, start time, a leaving flag). A replica joins
+// the seeds and the headless Service's DNS name, and keeps joining every
+// address that is not yet a live member, so a cold start cannot leave
+// islands. Member names are the pod name plus a random suffix, unique per
+// process. Gossip is encrypted when a key file is given.
+//
+//	cfg := membership.Config{NamePrefix: pod, JoinDNS: "cce-ipam-gossip.kube-system.svc",
+//		GRPCAddr: podIP + ":9090", GossipKeyFile: "/etc/cce-ipam/gossip.key"}
+//	m, err := membership.New(cfg, time.Now(), log, reg)
+//	go m.Run(ctx) // returns after Leave + Shutdown once ctx ends
+//	for ev := range m.Events() { // one consumer, in memberlist's order
+//		ring.Update(m.Members())  // e.g. feed shard with the live set
+//	}
+//
+// Leader election uses client-go's leaderelection over a Lease whose holder
+// identity is the member name:
+//
+//	el, err := membership.NewElector(membership.LeaderConfig{Namespace: "kube-system"},
+//		clientset, m.Name(), membership.LeaderCallbacks{OnStartedLeading: runSingletons}, log, reg)
+//	go el.Run(ctx) // on ctx end: stop the duty, then release the Lease
+//
+// Neither gossip nor the leader Lease fences anything: a membership view is a
+// hint, and exclusive node ownership is enforced by per-replica Leases in the
+// API server (package shard).
+package membership

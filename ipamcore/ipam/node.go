@@ -10,6 +10,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 
 	"github.com/cce-ipam/sharded/cloud"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
@@ -150,13 +151,17 @@ func (i *IPAM) rebuild(ctx context.Context, name string) (*node, error) {
 		in.ENIs = append(in.ENIs, datastore.RestoreENI{ENI: de, IPs: ips})
 	}
 
-	weps, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	// A quorum read (no resourceVersion) filtered by the server on the
+	// CRD's selectable field spec.node: only this node's weps travel.
+	weps, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.node", name).String(),
+	})
 	if err != nil {
-		return nil, fmt.Errorf("list WorkloadEndpoints: %w", err)
+		return nil, fmt.Errorf("list WorkloadEndpoints of the node: %w", err)
 	}
 	for _, w := range weps.Items {
 		if w.Spec.Node != name {
-			continue
+			continue // defensive: a server without the selectable field
 		}
 		addr, err := netip.ParseAddr(w.Spec.IP)
 		if err != nil {

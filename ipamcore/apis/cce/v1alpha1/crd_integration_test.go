@@ -435,6 +435,7 @@ func referenceStyle(crd *apiextensionsv1.CustomResourceDefinition) *apiextension
 		}}
 		v.AdditionalPrinterColumns = nil
 		v.Subresources = nil
+		v.SelectableFields = nil // the reference's CRDs declare none
 	}
 	return crd
 }

@@ -25,6 +25,7 @@ import (
 // +kubebuilder:printcolumn:name="Subnet",type=string,JSONPath=`.spec.subnetID`,priority=1
 // +kubebuilder:printcolumn:name="Fixed",type=string,JSONPath=`.spec.enableFixIP`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:selectablefield:JSONPath=`.spec.node`
 
 // WorkloadEndpoint (wep) records the IP assigned to one pod. It has the pod's
 // name and namespace, carries the finalizer WorkloadEndpointFinalizer, and has

@@ -88,8 +88,8 @@ func summarize(s []time.Duration, count int) Latency {
 
 type counters struct {
 	binds, bindErrors, allocs, allocErrors, releases, releaseErrors atomic.Int64
-	statusErrors, started, deleted                                 atomic.Int64
-	allocLatency, startupLatency                                   latencies
+	statusErrors, started, deleted                                  atomic.Int64
+	allocLatency, startupLatency                                    latencies
 }
 
 // metrics are the Prometheus view of the same counters.

@@ -270,13 +270,13 @@ func maxENIs(cpus int) int { return max(1, min(cpus, 8)) }
 func (s *Simulator) nodeObject(name, instanceID string) *corev1.Node {
 	maxIPs := bcesim.MaxIPsPerENI(s.cfg.InstanceMemoryGB)
 	labels := map[string]string{
-		LabelSimulator:           s.cfg.Name,
-		LabelInstanceType:        s.cfg.InstanceType,
-		LabelInstanceTypeBeta:    s.cfg.InstanceType,
-		LabelHostname:            name,
-		"kubernetes.io/os":       "linux",
-		"kubernetes.io/arch":     "amd64",
-		"beta.kubernetes.io/os":  "linux",
+		LabelSimulator:          s.cfg.Name,
+		LabelInstanceType:       s.cfg.InstanceType,
+		LabelInstanceTypeBeta:   s.cfg.InstanceType,
+		LabelHostname:           name,
+		"kubernetes.io/os":      "linux",
+		"kubernetes.io/arch":    "amd64",
+		"beta.kubernetes.io/os": "linux",
 	}
 	if s.cfg.Zone != "" {
 		labels[LabelZone] = s.cfg.Zone

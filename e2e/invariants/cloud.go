@@ -1,0 +1,93 @@
+package invariants
+
+import (
+	"context"
+	"strings"
+
+	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/cloud/bcesim"
+)
+
+// ENI is a cloud ENI as the checker sees it.
+type ENI struct {
+	ID         string
+	Name       string
+	InstanceID string // empty when unattached
+	InUse      bool   // attached and usable ("inuse")
+	// IPs are the secondary (non-primary) private addresses: the ones pods
+	// get.
+	IPs []string
+}
+
+// CloudView lists the cloud's ENIs. Implementations: SimView (an in-process
+// bcesim.Server) and ProviderView (the BCE client, e.g. against a bce-sim
+// process or the real cloud).
+type CloudView interface {
+	ENIs(ctx context.Context) ([]ENI, error)
+}
+
+// Dumper is what SimView reads: *bcesim.Server.
+type Dumper interface {
+	Dump() bcesim.WorldDump
+}
+
+// SimView reads an in-process simulator's world; only ENIs whose name starts
+// with namePrefix (e.g. "<clusterID>/") count, all when it is empty.
+func SimView(sim Dumper, namePrefix string) CloudView { return simView{sim, namePrefix} }
+
+type simView struct {
+	sim    Dumper
+	prefix string
+}
+
+func (v simView) ENIs(context.Context) ([]ENI, error) {
+	var out []ENI
+	for _, e := range v.sim.Dump().ENIs {
+		if !strings.HasPrefix(e.Name, v.prefix) {
+			continue
+		}
+		x := ENI{ID: e.ENIID, Name: e.Name, InstanceID: e.InstanceID, InUse: e.Status == bcesim.StatusInUse}
+		for _, ip := range e.PrivateIPSet {
+			if !ip.Primary {
+				x.IPs = append(x.IPs, ip.PrivateIPAddress)
+			}
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// ENILister is what ProviderView reads: cloud.Provider, *cloud.Client.
+type ENILister interface {
+	ListENIs(ctx context.Context, opts cloud.ListENIsOptions) ([]cloud.ENI, error)
+}
+
+// ProviderView lists the VPC's ENIs named with namePrefix through the BCE
+// API (one paginated, VPC-wide list per check).
+func ProviderView(p ENILister, vpcID, namePrefix string) CloudView {
+	return providerView{p, vpcID, namePrefix}
+}
+
+type providerView struct {
+	p      ENILister
+	vpc    string
+	prefix string
+}
+
+func (v providerView) ENIs(ctx context.Context) ([]ENI, error) {
+	enis, err := v.p.ListENIs(ctx, cloud.ListENIsOptions{VPCID: v.vpc, NamePrefix: v.prefix})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ENI, 0, len(enis))
+	for _, e := range enis {
+		x := ENI{ID: e.ID, Name: e.Name, InstanceID: e.InstanceID, InUse: e.Status == cloud.ENIStatusInUse}
+		for _, ip := range e.PrivateIPs {
+			if !ip.Primary {
+				x.IPs = append(x.IPs, ip.Address)
+			}
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}

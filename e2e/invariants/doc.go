@@ -1,0 +1,30 @@
+// Package invariants checks, from the outside, what the IPAM promises: it
+// reads pods, WorkloadEndpoints, nodes and the cloud's ENIs and reports every
+// broken invariant as a structured Violation.
+//
+//   - (a) DuplicateIP: no two live pods share an IP (I3);
+//   - (b) MissingWEP, WEPMismatch, IPNotOnNode: each Running pod's IP is its
+//     WorkloadEndpoint's and sits on an in-use ENI of its node's instance;
+//   - (c) OrphanWEP: no WorkloadEndpoint outlives its pod by more than a
+//     grace period (fixed-IP StatefulSet reservations excepted);
+//   - (d) LeakedIPs, PoolBelowMin: every cloud IP on a node's ENIs is named by
+//     a WorkloadEndpoint or idle, and the idle ones stay within the pool's
+//     [min,max] (I4).
+//
+// The cloud comes through a CloudView: SimView reads an in-process bce-sim,
+// ProviderView lists through the BCE client (a bce-sim process or BCE).
+// Every suite can end with
+//
+//	chk, _ := invariants.New(invariants.Config{
+//		Namespaces: []string{ns}, OrphanGrace: 30 * time.Second,
+//		Pool: &invariants.PoolBounds{Min: 2, Max: 6},
+//	}, kube, cceClient, invariants.SimView(sim, clusterID+"/"))
+//	if vs, err := chk.WaitClean(ctx, time.Second); err != nil {
+//		t.Fatalf("invariants: %v\n%s", err, vs)
+//	}
+//
+// Check is one snapshot; findings about Running pods are confirmed by reading
+// the pod and WorkloadEndpoint again, so (a)-(c) can run during churn. Check
+// (d) is meant for a settled cluster (WaitClean), since a pool overshoots
+// while it grows and while released IPs cool down.
+package invariants

@@ -1,0 +1,244 @@
+package invariants
+
+import (
+	"net/netip"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+)
+
+// snapshot is everything one check looks at.
+type snapshot struct {
+	pods  []corev1.Pod           // in the checked namespaces
+	weps  []cce.WorkloadEndpoint // every namespace (for the pool count)
+	nodes []corev1.Node          // every node; scope is decided here
+	enis  []ENI                  // the cloud's
+	now   time.Time
+}
+
+// rules evaluates snapshots. It is pure apart from remembering since when
+// each orphaned WorkloadEndpoint has been seen, for the grace period.
+type rules struct {
+	cfg         Config
+	orphanSince map[string]time.Time // wep namespace/name/uid → first seen orphaned
+}
+
+func newRules(cfg Config) *rules {
+	return &rules{cfg: cfg, orphanSince: map[string]time.Time{}}
+}
+
+func key(namespace, name string) string { return namespace + "/" + name }
+
+func (r *rules) inNamespace(ns string) bool {
+	if len(r.cfg.Namespaces) == 0 {
+		return true
+	}
+	for _, n := range r.cfg.Namespaces {
+		if n == ns {
+			return true
+		}
+	}
+	return false
+}
+
+// inScope reports whether the IPAM is expected to serve node.
+func (r *rules) inScope(n *corev1.Node) bool {
+	if r.cfg.NodeSelector != nil {
+		return r.cfg.NodeSelector.Matches(labels.Set(n.Labels))
+	}
+	return strings.HasPrefix(n.Spec.ProviderID, "cce://")
+}
+
+func instanceOf(n *corev1.Node) string {
+	id, _ := strings.CutPrefix(n.Spec.ProviderID, "cce://")
+	return id
+}
+
+// podIPs are the pod's addresses, PodIPs first.
+func podIPs(p *corev1.Pod) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, ip := range p.Status.PodIPs {
+		if ip.IP != "" && !seen[ip.IP] {
+			seen[ip.IP] = true
+			out = append(out, ip.IP)
+		}
+	}
+	if p.Status.PodIP != "" && !seen[p.Status.PodIP] {
+		out = append(out, p.Status.PodIP)
+	}
+	return out
+}
+
+// live: not finished and not on the host's network.
+func live(p *corev1.Pod) bool {
+	return !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
+func (r *rules) evaluate(s snapshot) Violations {
+	var out Violations
+	nodes := map[string]*corev1.Node{}
+	for i := range s.nodes {
+		if r.inScope(&s.nodes[i]) {
+			nodes[s.nodes[i].Name] = &s.nodes[i]
+		}
+	}
+	// Cloud addresses per instance, on in-use ENIs only.
+	cloudIPs := map[string]map[string]bool{}
+	for _, e := range s.enis {
+		if !e.InUse || e.InstanceID == "" {
+			continue
+		}
+		m := cloudIPs[e.InstanceID]
+		if m == nil {
+			m = map[string]bool{}
+			cloudIPs[e.InstanceID] = m
+		}
+		for _, ip := range e.IPs {
+			m[canon(ip)] = true
+		}
+	}
+	weps := map[string]*cce.WorkloadEndpoint{}
+	for i := range s.weps {
+		w := &s.weps[i]
+		weps[key(w.Namespace, w.Name)] = w
+	}
+	pods := map[string]*corev1.Pod{}
+	for i := range s.pods {
+		p := &s.pods[i]
+		if r.inNamespace(p.Namespace) {
+			pods[key(p.Namespace, p.Name)] = p
+		}
+	}
+
+	// (a) no two live pods share an IP.
+	holders := map[string][]string{}
+	for k, p := range pods {
+		if !live(p) {
+			continue
+		}
+		for _, ip := range podIPs(p) {
+			holders[canon(ip)] = append(holders[canon(ip)], k)
+		}
+	}
+	for ip, ps := range holders {
+		if len(ps) > 1 {
+			sort.Strings(ps)
+			out = append(out, Violation{Kind: KindDuplicateIP, IP: ip, Pods: ps,
+				Detail: "live pods share an IP"})
+		}
+	}
+
+	// (b) a Running pod's IP is its wep's and is on an ENI of its node.
+	for k, p := range pods {
+		out = append(out, r.checkRunningPod(k, p, weps[k], nodes, cloudIPs)...)
+	}
+
+	// (c) no wep without its pod past the grace.
+	seen := map[string]bool{}
+	for k, w := range weps {
+		if !r.inNamespace(w.Namespace) || w.IsFixedStatefulSet() || w.IsCustomReuse() {
+			continue
+		}
+		if _, ok := pods[k]; ok {
+			continue
+		}
+		id := k + "/" + string(w.UID)
+		seen[id] = true
+		since, ok := r.orphanSince[id]
+		if !ok {
+			since = s.now
+			r.orphanSince[id] = since
+		}
+		if s.now.Sub(since) >= r.cfg.OrphanGrace {
+			out = append(out, Violation{Kind: KindOrphanWEP, WEP: k, Node: w.Spec.Node, IP: w.Spec.IP,
+				Detail: "WorkloadEndpoint without a pod for " + s.now.Sub(since).Round(time.Millisecond).String()})
+		}
+	}
+	for id := range r.orphanSince {
+		if !seen[id] {
+			delete(r.orphanSince, id)
+		}
+	}
+
+	// (d) every cloud IP on a node is assigned or idle within the bounds.
+	if b := r.cfg.Pool; b != nil {
+		assigned := map[string]map[string]bool{} // node → IPs named by a wep
+		for _, w := range weps {
+			if assigned[w.Spec.Node] == nil {
+				assigned[w.Spec.Node] = map[string]bool{}
+			}
+			assigned[w.Spec.Node][canon(w.Spec.IP)] = true
+		}
+		for name, n := range nodes {
+			var idle []string
+			for ip := range cloudIPs[instanceOf(n)] {
+				if !assigned[name][ip] {
+					idle = append(idle, ip)
+				}
+			}
+			sortIPs(idle)
+			switch {
+			case len(idle) > b.Max:
+				out = append(out, Violation{Kind: KindLeakedIPs, Node: name, IdleIPs: idle,
+					Detail: "idle cloud IPs above the pool maximum " + itoa(b.Max)})
+			case len(idle) < b.Min:
+				out = append(out, Violation{Kind: KindPoolBelowMin, Node: name, IdleIPs: idle,
+					Detail: "idle cloud IPs below the pool minimum " + itoa(b.Min)})
+			}
+		}
+	}
+	out.sort()
+	return out
+}
+
+// checkRunningPod applies (b) to one pod.
+func (r *rules) checkRunningPod(k string, p *corev1.Pod, w *cce.WorkloadEndpoint, nodes map[string]*corev1.Node,
+	cloudIPs map[string]map[string]bool) Violations {
+	if p.Status.Phase != corev1.PodRunning || p.Spec.HostNetwork || p.DeletionTimestamp != nil || p.Status.PodIP == "" {
+		return nil // a terminating pod's wep is released before the pod goes
+	}
+	n, ok := nodes[p.Spec.NodeName]
+	if !ok {
+		return nil // not a node the IPAM serves
+	}
+	ip := canon(p.Status.PodIP)
+	var out Violations
+	switch {
+	case w == nil:
+		out = append(out, Violation{Kind: KindMissingWEP, Pods: []string{k}, Node: n.Name, IP: ip,
+			Detail: "Running pod has no WorkloadEndpoint"})
+	case canon(w.Spec.IP) != ip || w.Spec.Node != p.Spec.NodeName:
+		out = append(out, Violation{Kind: KindWEPMismatch, Pods: []string{k}, WEP: k, Node: n.Name, IP: ip,
+			Detail: "pod has " + ip + " on " + p.Spec.NodeName + ", WorkloadEndpoint says " + w.Spec.IP + " on " + w.Spec.Node})
+	}
+	if !cloudIPs[instanceOf(n)][ip] {
+		out = append(out, Violation{Kind: KindIPNotOnNode, Pods: []string{k}, Node: n.Name, IP: ip,
+			Detail: "IP is on no in-use ENI of instance " + instanceOf(n)})
+	}
+	return out
+}
+
+// canon normalises an address so that equal IPs compare equal.
+func canon(ip string) string {
+	if a, err := netip.ParseAddr(ip); err == nil {
+		return a.String()
+	}
+	return ip
+}
+
+func sortIPs(ips []string) {
+	sort.Slice(ips, func(i, j int) bool {
+		a, errA := netip.ParseAddr(ips[i])
+		b, errB := netip.ParseAddr(ips[j])
+		if errA != nil || errB != nil {
+			return ips[i] < ips[j]
+		}
+		return a.Less(b)
+	})
+}

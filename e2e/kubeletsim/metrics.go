@@ -88,7 +88,7 @@ func summarize(s []time.Duration, count int) Latency {
 
 type counters struct {
 	binds, bindErrors, allocs, allocErrors, releases, releaseErrors atomic.Int64
-	statusErrors, started, deleted                                  atomic.Int64
+	statusErrors, started, deleted, sandboxes                       atomic.Int64
 	allocLatency, startupLatency                                    latencies
 }
 

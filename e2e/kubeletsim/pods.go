@@ -111,7 +111,8 @@ func (s *Simulator) sync(ctx context.Context, rt *runtime, key string) (after ti
 	if st == nil {
 		st = &podState{uid: pod.UID, firstSeen: time.Now()}
 		if id, ip, ok := sandboxFromStatus(pod); ok {
-			st.sandbox, st.ip, st.running = id, ip, pod.Status.Phase == corev1.PodRunning
+			s.setSandbox(st, id, ip)
+			st.running = pod.Status.Phase == corev1.PodRunning
 		}
 		s.setState(key, st)
 	}
@@ -184,7 +185,8 @@ func (s *Simulator) start(ctx context.Context, rt *runtime, pod *corev1.Pod, st 
 			}
 			return err
 		}
-		st.sandbox, st.ip, st.running = id, ip, false
+		s.setSandbox(st, id, ip)
+		st.running = false
 	}
 	if err := s.setRunning(ctx, pod, st); err != nil {
 		s.counts.statusErrors.Add(1)
@@ -215,10 +217,12 @@ func (s *Simulator) kill(ctx context.Context, rt *runtime, pod *corev1.Pod, st *
 	err := s.deps.Kube.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 		GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &pod.UID},
 	})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+	switch {
+	case err == nil:
+		s.counts.deleted.Add(1)
+	case !apierrors.IsNotFound(err) && !apierrors.IsConflict(err):
 		return fmt.Errorf("delete pod: %w", err)
 	}
-	s.counts.deleted.Add(1)
 	return nil
 }
 
@@ -231,10 +235,25 @@ func (s *Simulator) teardown(ctx context.Context, rt *runtime, namespace, name s
 		if err := s.release(ctx, rt, namespace, name, *id); err != nil {
 			return err
 		}
+		if id == &st.sandbox {
+			s.setSandbox(st, "", "")
+		}
 		*id = ""
 	}
-	st.ip, st.running = "", false
+	st.running = false
 	return nil
+}
+
+// setSandbox records the pod's current sandbox ("" for none) and keeps the
+// count of sandboxes that Stats reports.
+func (s *Simulator) setSandbox(st *podState, id, ip string) {
+	switch {
+	case st.sandbox == "" && id != "":
+		s.counts.sandboxes.Add(1)
+	case st.sandbox != "" && id == "":
+		s.counts.sandboxes.Add(-1)
+	}
+	st.sandbox, st.ip = id, ip
 }
 
 // setRunning writes the status kubelet would after the sandbox and

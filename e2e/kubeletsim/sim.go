@@ -88,21 +88,13 @@ func (s *Simulator) Synced() <-chan struct{} { return s.synced }
 
 // Stats returns a snapshot of the counters.
 func (s *Simulator) Stats() Stats {
-	s.mu.Lock()
-	sandboxes := 0
-	for _, st := range s.pods {
-		if st.sandbox != "" {
-			sandboxes++
-		}
-	}
-	s.mu.Unlock()
 	c := &s.counts
 	return Stats{
 		Binds: c.binds.Load(), BindErrors: c.bindErrors.Load(),
 		Allocations: c.allocs.Load(), AllocationErrors: c.allocErrors.Load(),
 		Releases: c.releases.Load(), ReleaseErrors: c.releaseErrors.Load(),
 		StatusErrors: c.statusErrors.Load(), PodsStarted: c.started.Load(), PodsDeleted: c.deleted.Load(),
-		Sandboxes:       sandboxes,
+		Sandboxes:       int(c.sandboxes.Load()),
 		AllocateLatency: c.allocLatency.summary(), StartupLatency: c.startupLatency.summary(),
 	}
 }

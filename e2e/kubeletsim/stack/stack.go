@@ -1,0 +1,306 @@
+// Package stack starts, inside one test process, everything an e2e suite
+// needs around a control plane: an in-process bce-sim, the IPAM (ipam + cni
+// server on a real gRPC listener on 127.0.0.1), and a kubeletsim.Simulator
+// with registered nodes. Everything it starts is stopped by t.Cleanup, in
+// reverse order, and the nodes and IPPools it created are deleted.
+//
+//	st := stack.Start(t, cp.Config, stack.Options{Name: "web", Nodes: 10, Namespace: ns})
+//	// create pods without spec.nodeName in ns; they become Running
+//	chk := st.Checker(t, invariants.Config{Namespaces: []string{ns}})
+package stack
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/cloud/bcesim"
+	"github.com/cce-ipam/sharded/e2e/invariants"
+	"github.com/cce-ipam/sharded/e2e/kubeletsim"
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/cni"
+	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+// Credentials of the in-process bce-sim.
+const (
+	AccessKey = "AKKUBELETSIM"
+	SecretKey = "SKkubeletSimSecret"
+)
+
+// Options shape one stack. Zero values get the documented defaults.
+type Options struct {
+	// Name prefixes the cluster ID, VPC, subnet, nodes and the simulator
+	// name, so stacks of different tests never share objects. Required;
+	// lower case letters, digits and dashes.
+	Name string
+	// Nodes is the number of simulated nodes. Defaults to 1.
+	Nodes int
+	// Namespace is the only namespace whose pods the simulator runs.
+	// Required (tests share one control plane).
+	Namespace string
+	// SubnetCIDR defaults to 10.1.0.0/20.
+	SubnetCIDR string
+	// MemoryGB per instance sets max-ip-per-eni. Defaults to 64 (30 IPs).
+	MemoryGB int
+	// IPAM is the IPAM's config; ClusterID and VPCID are filled in. Unset
+	// fields get test-friendly values: IdleMin 2, IdleMax 6, Cooldown
+	// 200ms, PoolCheckPeriod 1s, GCPeriod 5s.
+	IPAM ipam.Config
+	// CNI is the CNI server's config.
+	CNI cni.Config
+	// Kubelet overrides the simulator's config; the endpoint, names and
+	// cloud placement are filled in.
+	Kubelet kubeletsim.Config
+	// NoServe registers the nodes without asking the IPAM to serve them;
+	// call Serve later.
+	NoServe bool
+}
+
+// Stack is a running IPAM with its cloud and kubelets.
+type Stack struct {
+	Opts      Options
+	ClusterID string
+	VPCID     string
+	SubnetID  string
+	Zone      string
+	Kube      kubernetes.Interface
+	CCE       cceclient.Interface
+	BCE       *bcesim.Server
+	Cloud     *cloud.Client
+	IPAM      *ipam.IPAM
+	Kubelet   *kubeletsim.Simulator
+	CNIAddr   string
+	Nodes     []kubeletsim.NodeInfo
+
+	ctx context.Context
+	t   testing.TB
+}
+
+// Start brings the stack up or fails the test.
+func Start(t testing.TB, cfg *rest.Config, o Options) *Stack {
+	t.Helper()
+	if o.Name == "" || o.Namespace == "" {
+		t.Fatal("stack: Name and Namespace are required")
+	}
+	if o.Nodes == 0 {
+		o.Nodes = 1
+	}
+	if o.SubnetCIDR == "" {
+		o.SubnetCIDR = "10.1.0.0/20"
+	}
+	if o.MemoryGB == 0 {
+		o.MemoryGB = 64
+	}
+	if o.IPAM.IdleMin == 0 {
+		o.IPAM.IdleMin = 2
+	}
+	if o.IPAM.IdleMax == 0 {
+		o.IPAM.IdleMax = 6
+	}
+	if o.IPAM.Cooldown == 0 {
+		o.IPAM.Cooldown = 200 * time.Millisecond
+	}
+	if o.IPAM.PoolCheckPeriod == 0 {
+		o.IPAM.PoolCheckPeriod = time.Second
+	}
+	if o.IPAM.GCPeriod == 0 {
+		o.IPAM.GCPeriod = 5 * time.Second
+	}
+	s := &Stack{Opts: o, t: t, ClusterID: "cce-" + o.Name, VPCID: "vpc-" + o.Name, Zone: "cn-bj-a"}
+	o.IPAM.ClusterID, o.IPAM.VPCID = s.ClusterID, s.VPCID
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s.ctx = ctx
+	s.Kube = kubernetes.NewForConfigOrDie(cfg)
+	s.CCE = cceclient.NewForConfigOrDie(cfg)
+
+	// Cloud.
+	sim, err := bcesim.New(bcesim.Config{Credentials: map[string]string{AccessKey: SecretKey}, PageSize: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sim.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	s.BCE = sim
+	if s.SubnetID, err = sim.AddSubnet(bcesim.SubnetSpec{ID: "sbn-" + o.Name, ZoneName: s.Zone, CIDR: o.SubnetCIDR, VPCID: s.VPCID}); err != nil {
+		t.Fatal(err)
+	}
+	sg, err := sim.AddSecurityGroup(bcesim.SecurityGroupSpec{ID: "g-" + o.Name, VPCID: s.VPCID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Cloud, err = cloud.New(cloud.Config{
+		Endpoint: sim.URL(), Region: "bj", AccessKeyID: AccessKey, SecretAccessKey: SecretKey,
+		Rate: 1e6, Burst: 1e6, SDKRetryBase: time.Millisecond, ThrottleBackoff: time.Millisecond,
+	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Cloud.Close)
+
+	// IPAM behind a gRPC server.
+	s.IPAM, err = ipam.New(o.IPAM, ipam.Deps{Kube: s.Kube, CCE: s.CCE, Cloud: s.Cloud}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.goRun(t, "ipam", s.IPAM.Run)
+	select {
+	case <-s.IPAM.Ready():
+	case <-time.After(time.Minute):
+		t.Fatal("stack: IPAM caches did not sync")
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	rpc.RegisterCNIBackendServer(gs, cni.NewServer(o.CNI, s.IPAM, slog.New(slog.DiscardHandler), prometheus.NewRegistry()))
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = gs.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		gs.Stop()
+		<-served
+	})
+	s.CNIAddr = lis.Addr().String()
+
+	// Kubelets.
+	kc := o.Kubelet
+	kc.Name, kc.CNIEndpoint, kc.Namespace = o.Name, s.CNIAddr, o.Namespace
+	kc.ClusterID, kc.VPCID, kc.SubnetID, kc.Zone = s.ClusterID, s.VPCID, s.SubnetID, s.Zone
+	kc.SecurityGroupIDs = []string{sg}
+	kc.InstanceCPUs, kc.InstanceMemoryGB, kc.IPPool = 8, o.MemoryGB, true
+	s.Kubelet, err = kubeletsim.New(kc, kubeletsim.Deps{
+		Kube: s.Kube, CCE: s.CCE, Instances: kubeletsim.InProcessInstances(sim), ENIs: s.Cloud,
+	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := kubeletsim.NodeNames(o.Name, 0, o.Nodes)
+	t.Cleanup(func() { s.deleteNodes(names) })
+	if s.Nodes, err = s.Kubelet.RegisterNodes(ctx, names); err != nil {
+		t.Fatal(err)
+	}
+	if !o.NoServe {
+		s.Serve()
+	}
+	s.goRun(t, "kubelet-sim", s.Kubelet.Run)
+	select {
+	case <-s.Kubelet.Synced():
+	case <-time.After(time.Minute):
+		t.Fatal("stack: kubelet simulator caches did not sync")
+	}
+	return s
+}
+
+// goRun runs fn(ctx) until the test ends; cleanup cancels and waits for it.
+func (s *Stack) goRun(t testing.TB, what string, fn func(context.Context) error) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	var once sync.Once
+	t.Cleanup(func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("%s: %v", what, err)
+			}
+		})
+	})
+}
+
+// Serve asks the IPAM to serve every node of the stack.
+func (s *Stack) Serve() {
+	s.t.Helper()
+	for _, n := range s.Nodes {
+		if err := s.IPAM.ServeNode(s.ctx, n.Name); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+}
+
+// NodeNames returns the names of the stack's nodes.
+func (s *Stack) NodeNames() []string {
+	out := make([]string, len(s.Nodes))
+	for i, n := range s.Nodes {
+		out[i] = n.Name
+	}
+	return out
+}
+
+// Checker returns an invariant checker scoped to this stack's nodes and
+// cloud; cfg.NodeSelector is set to the stack's nodes.
+func (s *Stack) Checker(cfg invariants.Config) *invariants.Checker {
+	s.t.Helper()
+	cfg.NodeSelector = labels.SelectorFromSet(labels.Set{kubeletsim.LabelSimulator: s.Opts.Name})
+	chk, err := invariants.New(cfg, s.Kube, s.CCE, invariants.SimView(s.BCE, s.ClusterID+"/"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return chk
+}
+
+func (s *Stack) deleteNodes(names []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, n := range names {
+		_ = s.Kube.CoreV1().Nodes().Delete(ctx, n, metav1.DeleteOptions{})
+		_ = s.CCE.CceV1alpha1().IPPools(cce.IPPoolNamespace).Delete(ctx, cce.IPPoolName(n), metav1.DeleteOptions{})
+	}
+}
+
+// Eventually polls cond every 100ms until it holds or d passes, then fails
+// the test with what and cond's last message.
+func Eventually(t testing.TB, d time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ok, msg := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s: %s", d, what, msg)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Sanitize turns a test name into a stack name.
+func Sanitize(name string) string {
+	name = strings.ToLower(name)
+	var b strings.Builder
+	for _, r := range name {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	out := strings.Trim(b.String(), "-")
+	if len(out) > 20 {
+		out = strings.Trim(out[len(out)-20:], "-")
+	}
+	return fmt.Sprint(out)
+}

@@ -138,7 +138,7 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("ports must be within 0..65535"))
 	}
 	for _, s := range c.JoinSeeds {
-		if _, _, err := splitHostPort(s, 1); err != nil {
+		if _, _, err := splitHostPort(s, 0); err != nil {
 			errs = append(errs, fmt.Errorf("join seed %q: %w", s, err))
 		}
 	}

@@ -168,6 +168,7 @@ func (d *delegate) enqueue(t EventType, n *memberlist.Node) {
 	if t == EventLeave {
 		ev.Failed = !meta.Leaving
 	}
+	d.m.track(t, ev.Member)
 	d.m.queue.push(ev)
 }
 

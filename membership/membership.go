@@ -39,10 +39,17 @@ type Membership struct {
 
 	meta    atomic.Pointer[[]byte] // encoded local meta, read by memberlist goroutines
 	started chan struct{}          // closed once the listener is up
-	ml      atomic.Pointer[memberlist.Memberlist]
 	running atomic.Bool
+	abandon atomic.Bool // tests: end Run without Leave, like a crash
 	events  chan Event
 	queue   eventQueue
+
+	// memberlist's Members() hands out pointers that it keeps writing, so
+	// the live set is kept here instead, copied in the event callbacks
+	// (which memberlist calls under its node lock).
+	mu        sync.Mutex
+	members   map[string]Member
+	localAddr string
 }
 
 // ErrAlreadyRunning is returned by a second call of Run.
@@ -83,6 +90,7 @@ func New(cfg Config, startTime time.Time, log *slog.Logger, reg prometheus.Regis
 		metrics: newMetrics(reg),
 		started: make(chan struct{}),
 		events:  make(chan Event),
+		members: map[string]Member{},
 	}
 	m.meta.Store(&meta)
 	m.queue.signal = make(chan struct{}, 1)
@@ -101,11 +109,9 @@ func (m *Membership) Started() <-chan struct{} { return m.started }
 // LocalAddr is the advertised gossip address (host:port) once Started is
 // closed, "" before. With BindPort 0 this tells the port that was picked.
 func (m *Membership) LocalAddr() string {
-	ml := m.ml.Load()
-	if ml == nil {
-		return ""
-	}
-	return ml.LocalNode().Address()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.localAddr
 }
 
 // Events delivers membership changes, in the order memberlist saw them, to a
@@ -116,24 +122,40 @@ func (m *Membership) LocalAddr() string {
 func (m *Membership) Events() <-chan Event { return m.events }
 
 // Members is a snapshot of the live members, this replica included, sorted
-// by name. It is empty before Run has started.
+// by name, as of the latest change memberlist reported (it may be ahead of
+// what the Events consumer has read). It is empty before Run has started
+// and after it has returned.
 func (m *Membership) Members() []Member {
-	ml := m.ml.Load()
-	if ml == nil {
-		return nil
+	m.mu.Lock()
+	out := make([]Member, 0, len(m.members))
+	for _, mem := range m.members {
+		out = append(out, mem)
 	}
-	nodes := ml.Members()
-	out := make([]Member, 0, len(nodes))
-	for _, n := range nodes {
-		meta, err := DecodeMeta(n.Meta)
-		if err != nil {
-			// Cannot happen: the alive delegate refuses such peers.
-			continue
-		}
-		out = append(out, Member{Name: n.Name, Addr: n.Address(), Meta: meta})
-	}
+	m.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// liveAddrs is the set of live members' gossip addresses.
+func (m *Membership) liveAddrs() map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]bool, len(m.members))
+	for _, mem := range m.members {
+		out[mem.Addr] = true
+	}
+	return out
+}
+
+// track applies one change to the live set; called under memberlist's lock.
+func (m *Membership) track(t EventType, mem Member) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if t == EventLeave {
+		delete(m.members, mem.Name)
+	} else {
+		m.members[mem.Name] = mem
+	}
 }
 
 // Run joins the cluster and keeps it whole until ctx ends, then leaves
@@ -153,7 +175,9 @@ func (m *Membership) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start gossip on %s:%d: %w", m.cfg.BindAddr, m.cfg.BindPort, err)
 	}
-	m.ml.Store(ml)
+	m.mu.Lock()
+	m.localAddr = ml.LocalNode().Address() // before anything else can touch our node
+	m.mu.Unlock()
 	close(m.started)
 	m.log.Info("gossip started", "member", m.name, "addr", m.LocalAddr(), "encrypted", m.key != nil)
 
@@ -163,11 +187,16 @@ func (m *Membership) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); m.joinLoop(ctx, ml) }()
 
 	<-ctx.Done()
-	m.leave(ml)
+	if !m.abandon.Load() {
+		m.leave(ml)
+	}
 	if err := ml.Shutdown(); err != nil {
 		m.log.Warn("gossip shutdown", "err", err)
 	}
 	wg.Wait()
+	m.mu.Lock()
+	clear(m.members)
+	m.mu.Unlock()
 	m.metrics.members.Set(0)
 	return nil
 }
@@ -262,11 +291,8 @@ func (m *Membership) joinLoop(ctx context.Context, ml *memberlist.Memberlist) {
 
 func (m *Membership) joinMissing(ctx context.Context, ml *memberlist.Memberlist) {
 	targets := m.joinTargets(ctx)
-	live := map[string]bool{}
-	for _, n := range ml.Members() {
-		live[n.Address()] = true
-	}
-	self := ml.LocalNode().Address()
+	live := m.liveAddrs()
+	self := m.LocalAddr()
 	for _, addr := range targets {
 		if live[addr] || addr == self || ctx.Err() != nil {
 			continue
@@ -288,9 +314,7 @@ func (m *Membership) joinMissing(ctx context.Context, ml *memberlist.Memberlist)
 func (m *Membership) joinTargets(ctx context.Context) []string {
 	defPort := m.cfg.AdvertisePort
 	if defPort == 0 {
-		if ml := m.ml.Load(); ml != nil {
-			defPort = int(ml.LocalNode().Port)
-		}
+		_, defPort, _ = splitHostPort(m.LocalAddr(), 0)
 	}
 	var out []string
 	seen := map[string]bool{}

@@ -66,7 +66,7 @@ func (s *Simulator) setState(key string, st *podState) {
 
 // sync moves one pod a step towards what its object asks for. An error means
 // retry with backoff; after > 0 means look again then.
-func (s *Simulator) sync(ctx context.Context, rt *runtime, key string) (after time.Duration, err error) {
+func (s *Simulator) sync(ctx context.Context, rt *runState, key string) (after time.Duration, err error) {
 	namespace, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
 		return 0, nil
@@ -160,7 +160,7 @@ func (s *Simulator) bind(ctx context.Context, pod *corev1.Pod, key string) (time
 
 // start runs the pod: ADD with a fresh sandbox (after tearing down a failed
 // one), then the Running status.
-func (s *Simulator) start(ctx context.Context, rt *runtime, pod *corev1.Pod, st *podState) error {
+func (s *Simulator) start(ctx context.Context, rt *runState, pod *corev1.Pod, st *podState) error {
 	if st.running && st.sandbox != "" {
 		return nil // our Running status was written; the cache may lag
 	}
@@ -204,7 +204,7 @@ func (s *Simulator) start(ctx context.Context, rt *runtime, pod *corev1.Pod, st 
 
 // kill tears the pod's sandbox down (DEL) and, for a pod being deleted,
 // removes the object as kubelet finishes a graceful deletion.
-func (s *Simulator) kill(ctx context.Context, rt *runtime, pod *corev1.Pod, st *podState) error {
+func (s *Simulator) kill(ctx context.Context, rt *runState, pod *corev1.Pod, st *podState) error {
 	if err := s.teardown(ctx, rt, pod.Namespace, pod.Name, st); err != nil {
 		s.events.Eventf(pod, corev1.EventTypeWarning, "FailedKillPod",
 			"error killing pod: failed to \"KillPodSandbox\": plugin type=\"eni-ipam\" failed (delete): %v", err)
@@ -227,7 +227,7 @@ func (s *Simulator) kill(ctx context.Context, rt *runtime, pod *corev1.Pod, st *
 }
 
 // teardown releases every sandbox st still holds.
-func (s *Simulator) teardown(ctx context.Context, rt *runtime, namespace, name string, st *podState) error {
+func (s *Simulator) teardown(ctx context.Context, rt *runState, namespace, name string, st *podState) error {
 	for _, id := range []*string{&st.teardown, &st.sandbox} {
 		if *id == "" {
 			continue

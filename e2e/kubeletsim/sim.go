@@ -109,7 +109,7 @@ func (s *Simulator) NodeLoad(node string) int {
 const nodeIndex = "spec.nodeName"
 
 // run-time handles shared by the workers; built by Run.
-type runtime struct {
+type runState struct {
 	cni   rpc.CNIBackendClient
 	pods  corelisters.PodLister
 	index cache.Indexer
@@ -157,7 +157,7 @@ func (s *Simulator) Run(ctx context.Context) error {
 	}
 	nodeInformer := nodeFactory.Core().V1().Nodes().Informer()
 
-	rt := &runtime{
+	rt := &runState{
 		cni:   rpc.NewCNIBackendClient(conn),
 		pods:  podFactory.Core().V1().Pods().Lister(),
 		index: podInformer.GetIndexer(),
@@ -226,7 +226,7 @@ func (s *Simulator) Run(ctx context.Context) error {
 	return nil
 }
 
-func (s *Simulator) processNext(ctx context.Context, rt *runtime) bool {
+func (s *Simulator) processNext(ctx context.Context, rt *runState) bool {
 	key, shutdown := rt.queue.Get()
 	if shutdown {
 		return false
@@ -249,7 +249,7 @@ func (s *Simulator) processNext(ctx context.Context, rt *runtime) bool {
 
 // ADD and DEL calls of the simulated CNI plugin.
 
-func (s *Simulator) allocate(ctx context.Context, rt *runtime, namespace, name, containerID, node string) (string, error) {
+func (s *Simulator) allocate(ctx context.Context, rt *runState, namespace, name, containerID, node string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CNITimeout)
 	defer cancel()
 	start := time.Now()
@@ -277,7 +277,7 @@ func (s *Simulator) allocate(ctx context.Context, rt *runtime, namespace, name, 
 	return reply.GetENIMultiIP().GetIP(), nil
 }
 
-func (s *Simulator) release(ctx context.Context, rt *runtime, namespace, name, containerID string) error {
+func (s *Simulator) release(ctx context.Context, rt *runState, namespace, name, containerID string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CNITimeout)
 	defer cancel()
 	start := time.Now()

@@ -163,13 +163,20 @@ func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.enqueue(EventUpdate, n) 
 func (d *delegate) NotifyLeave(n *memberlist.Node) { d.enqueue(EventLeave, n) }
 
 func (d *delegate) enqueue(t EventType, n *memberlist.Node) {
-	meta, _ := DecodeMeta(n.Meta) // admitted members have valid meta
+	meta, err := DecodeMeta(n.Meta)
+	if err != nil && t != EventLeave {
+		// NotifyAlive keeps such peers out; should one slip through, it
+		// still never becomes a member.
+		d.m.metrics.metaRejected.Inc()
+		return
+	}
 	ev := Event{Type: t, Member: Member{Name: n.Name, Addr: n.Address(), Meta: meta}}
 	if t == EventLeave {
 		ev.Failed = !meta.Leaving
 	}
-	d.m.track(t, ev.Member)
-	d.m.queue.push(ev)
+	if d.m.track(&ev.Type, ev.Member) {
+		d.m.queue.push(ev)
+	}
 }
 
 // logWriter turns memberlist's "[LEVEL] memberlist: text" lines into slog

@@ -147,15 +147,25 @@ func (m *Membership) liveAddrs() map[string]bool {
 	return out
 }
 
-// track applies one change to the live set; called under memberlist's lock.
-func (m *Membership) track(t EventType, mem Member) {
+// track applies one change to the live set and reports whether it is one
+// to deliver: a leave of a member never admitted is not, and an update that
+// first admits a member becomes a join. Called under memberlist's lock.
+func (m *Membership) track(t *EventType, mem Member) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if t == EventLeave {
+	_, known := m.members[mem.Name]
+	switch {
+	case *t == EventLeave && !known:
+		return false
+	case *t == EventLeave:
 		delete(m.members, mem.Name)
-	} else {
+	case *t == EventUpdate && !known:
+		*t = EventJoin // first admitted by this update
+		fallthrough
+	default:
 		m.members[mem.Name] = mem
 	}
+	return true
 }
 
 // Run joins the cluster and keeps it whole until ctx ends, then leaves

@@ -55,7 +55,7 @@ func (v Violation) String() string {
 	add("pods", strings.Join(v.Pods, ","))
 	add("wep", v.WEP)
 	add("ip", v.IP)
-	if len(v.IdleIPs) > 0 {
+	if len(v.IdleIPs) > 0 || v.Kind == KindLeakedIPs || v.Kind == KindPoolBelowMin {
 		add("idle", fmt.Sprintf("%d[%s]", len(v.IdleIPs), strings.Join(v.IdleIPs, ",")))
 	}
 	if v.Detail != "" {

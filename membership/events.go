@@ -89,7 +89,7 @@ func (q *eventQueue) pop() (Event, bool) {
 }
 
 // dispatch hands queued events to the consumer, one at a time, in order.
-func (m *Membership) dispatch(ctx context.Context, ml *memberlist.Memberlist) {
+func (m *Membership) dispatch(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -106,7 +106,6 @@ func (m *Membership) dispatch(ctx context.Context, ml *memberlist.Memberlist) {
 				label = "fail"
 			}
 			m.metrics.events.WithLabelValues(label).Inc()
-			m.metrics.members.Set(float64(ml.NumMembers()))
 			select {
 			case m.events <- ev:
 			case <-ctx.Done():

@@ -165,6 +165,7 @@ func (m *Membership) track(t *EventType, mem Member) bool {
 	default:
 		m.members[mem.Name] = mem
 	}
+	m.metrics.members.Set(float64(len(m.members)))
 	return true
 }
 
@@ -193,7 +194,7 @@ func (m *Membership) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); m.dispatch(ctx, ml) }()
+	go func() { defer wg.Done(); m.dispatch(ctx) }()
 	go func() { defer wg.Done(); m.joinLoop(ctx, ml) }()
 
 	<-ctx.Done()
@@ -315,7 +316,6 @@ func (m *Membership) joinMissing(ctx context.Context, ml *memberlist.Memberlist)
 		}
 		m.log.Info("joined", "addr", addr)
 	}
-	m.metrics.members.Set(float64(ml.NumMembers()))
 }
 
 // joinTargets resolves the seeds and the DNS name into ip:port strings in

@@ -11,11 +11,20 @@
 //
 //	cfg := membership.Config{NamePrefix: pod, JoinDNS: "cce-ipam-gossip.kube-system.svc",
 //		GRPCAddr: podIP + ":9090", GossipKeyFile: "/etc/cce-ipam/gossip.key"}
-//	m, err := membership.New(cfg, time.Now(), log, reg)
-//	go m.Run(ctx) // returns after Leave + Shutdown once ctx ends
-//	for ev := range m.Events() { // one consumer, in memberlist's order
-//		ring.Update(m.Members())  // e.g. feed shard with the live set
+//	m, err := membership.New(cfg, time.Now(), log, reg) // reads the key; starts nothing
+//	go m.Run(ctx) // on ctx end: announce Leaving, Leave, Shutdown, then return
+//	for ev := range m.Events() { // one consumer, in memberlist's order, Seq 1, 2, 3, …
+//		if ev.Type == membership.EventLeave && ev.Failed { /* crashed, not drained */ }
+//		names := []string{}
+//		for _, mem := range m.Members() { names = append(names, mem.Name) }
+//		ring, _ := shard.NewRing(shard.RingConfig{}, names) // owners; mem.Meta.GRPCAddr to forward
 //	}
+//
+// Peers whose meta does not decode (garbage, another application on the port)
+// are never admitted. A replica that shuts down gracefully first sets Leaving
+// in its meta (an EventUpdate elsewhere), then leaves (EventLeave, Failed
+// false); a crash shows as EventLeave with Failed true after the failure
+// detector's suspicion timeout.
 //
 // Leader election uses client-go's leaderelection over a Lease whose holder
 // identity is the member name:

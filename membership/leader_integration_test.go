@@ -182,3 +182,64 @@ func TestElector_IdentityIsMemberName(t *testing.T) {
 		t.Fatalf("Lease still held by %q after cancel (ReleaseOnCancel)", *h)
 	}
 }
+
+// TestElector_LostLeaseStopsDutyAndCampaignsAgain: when another holder takes
+// the Lease (here: written by hand), the leader stops its duty within the
+// renew deadline, reports it, and campaigns again once that holder's lease
+// has expired.
+func TestElector_LostLeaseStopsDutyAndCampaignsAgain(t *testing.T) {
+	ns := cp.Namespace(t)
+	cs := kubernetes.NewForConfigOrDie(cp.Config)
+	cfg := LeaderConfig{Namespace: ns, Name: "lost", LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond}
+	var terms, stopped atomic.Int32
+	dutyEnded := make(chan struct{}, 4)
+	el, err := NewElector(cfg, cs, "ipam-a-0001", LeaderCallbacks{
+		OnStartedLeading: func(ctx context.Context) { terms.Add(1); <-ctx.Done(); dutyEnded <- struct{}{} },
+		OnStoppedLeading: func() { stopped.Add(1) },
+	}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- el.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			t.Error("Run did not return")
+		}
+	})
+	eventually(t, 20*time.Second, "the candidate leads", el.IsLeader)
+
+	// Someone else takes the Lease.
+	leases := cs.CoordinationV1().Leases(ns)
+	lease, err := leases.Get(context.Background(), cfg.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	intruder, secs, now := "intruder", int32(2), metav1.NowMicro()
+	lease.Spec.HolderIdentity, lease.Spec.LeaseDurationSeconds = &intruder, &secs
+	lease.Spec.AcquireTime, lease.Spec.RenewTime = &now, &now
+	if _, err := leases.Update(context.Background(), lease, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-dutyEnded:
+	case <-time.After(cfg.RenewDeadline + 3*time.Second):
+		t.Fatal("the duty did not stop after the Lease was lost")
+	}
+	if el.IsLeader() {
+		t.Fatal("IsLeader still true after the duty stopped")
+	}
+	if stopped.Load() != 1 {
+		t.Fatalf("OnStoppedLeading called %d times", stopped.Load())
+	}
+	// The intruder never renews: the candidate leads again.
+	eventually(t, 15*time.Second, "the candidate leads again", func() bool { return el.IsLeader() && terms.Load() == 2 })
+	lease, err = leases.Get(context.Background(), cfg.Name, metav1.GetOptions{})
+	if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != "ipam-a-0001" {
+		t.Fatalf("Lease after re-election: %+v, %v", lease.Spec, err)
+	}
+}

@@ -1,12 +1,3 @@
-// Package stack starts, inside one test process, everything an e2e suite
-// needs around a control plane: an in-process bce-sim, the IPAM (ipam + cni
-// server on a real gRPC listener on 127.0.0.1), and a kubeletsim.Simulator
-// with registered nodes. Everything it starts is stopped by t.Cleanup, in
-// reverse order, and the nodes and IPPools it created are deleted.
-//
-//	st := stack.Start(t, cp.Config, stack.Options{Name: "web", Nodes: 10, Namespace: ns})
-//	// create pods without spec.nodeName in ns; they become Running
-//	chk := st.Checker(t, invariants.Config{Namespaces: []string{ns}})
 package stack
 
 import (
@@ -122,8 +113,9 @@ func Start(t testing.TB, cfg *rest.Config, o Options) *Stack {
 	if o.IPAM.GCPeriod == 0 {
 		o.IPAM.GCPeriod = 5 * time.Second
 	}
-	s := &Stack{Opts: o, t: t, ClusterID: "cce-" + o.Name, VPCID: "vpc-" + o.Name, Zone: "cn-bj-a"}
+	s := &Stack{t: t, ClusterID: "cce-" + o.Name, VPCID: "vpc-" + o.Name, Zone: "cn-bj-a"}
 	o.IPAM.ClusterID, o.IPAM.VPCID = s.ClusterID, s.VPCID
+	s.Opts = o
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	s.ctx = ctx

@@ -216,7 +216,10 @@ func (e *Elector) term(ctx context.Context) error {
 	e.metrics.isLeader.Set(1)
 	e.metrics.transitions.Inc()
 	e.log.Info("started leading", "lease", e.cfg.Namespace+"/"+e.cfg.Name, "identity", e.identity)
-	dutyCtx, dutyCancel := context.WithCancel(lctx)
+	// The duty's context is cancelled by us, after IsLeader has turned
+	// false, not directly by client-go.
+	dutyCtx, dutyCancel := context.WithCancel(context.WithoutCancel(lctx))
+	defer dutyCancel()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); e.cb.OnStartedLeading(dutyCtx) }()

@@ -103,7 +103,8 @@ func New(cfg Config, startTime time.Time, log *slog.Logger, reg prometheus.Regis
 func (m *Membership) Name() string { return m.name }
 
 // Started is closed once Run listens for gossip; LocalAddr and Members
-// answer from then on.
+// answer from then on. It stays open if Run fails to start (Run returns the
+// error).
 func (m *Membership) Started() <-chan struct{} { return m.started }
 
 // LocalAddr is the advertised gossip address (host:port) once Started is

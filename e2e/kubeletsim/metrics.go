@@ -25,6 +25,9 @@ type Stats struct {
 	// status write that made it Running (retries included).
 	AllocateLatency Latency
 	StartupLatency  Latency
+	// LastAllocationError and LastReleaseError are the latest failures'
+	// messages, for test logs.
+	LastAllocationError, LastReleaseError string
 }
 
 // Latency summarises durations.
@@ -90,6 +93,15 @@ type counters struct {
 	binds, bindErrors, allocs, allocErrors, releases, releaseErrors atomic.Int64
 	statusErrors, started, deleted, sandboxes                       atomic.Int64
 	allocLatency, startupLatency                                    latencies
+
+	mu                       sync.Mutex
+	lastAllocErr, lastRelErr string
+}
+
+func (c *counters) failed(last *string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	*last = err.Error()
 }
 
 // metrics are the Prometheus view of the same counters.

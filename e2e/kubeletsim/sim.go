@@ -89,7 +89,11 @@ func (s *Simulator) Synced() <-chan struct{} { return s.synced }
 // Stats returns a snapshot of the counters.
 func (s *Simulator) Stats() Stats {
 	c := &s.counts
+	c.mu.Lock()
+	lastAlloc, lastRel := c.lastAllocErr, c.lastRelErr
+	c.mu.Unlock()
 	return Stats{
+		LastAllocationError: lastAlloc, LastReleaseError: lastRel,
 		Binds: c.binds.Load(), BindErrors: c.bindErrors.Load(),
 		Allocations: c.allocs.Load(), AllocationErrors: c.allocErrors.Load(),
 		Releases: c.releases.Load(), ReleaseErrors: c.releaseErrors.Load(),
@@ -268,6 +272,7 @@ func (s *Simulator) allocate(ctx context.Context, rt *runState, namespace, name,
 	}
 	if err != nil {
 		s.counts.allocErrors.Add(1)
+		s.counts.failed(&s.counts.lastAllocErr, err)
 		s.metrics.calls.WithLabelValues("AllocateIP", "error").Inc()
 		return "", err
 	}
@@ -291,6 +296,7 @@ func (s *Simulator) release(ctx context.Context, rt *runState, namespace, name, 
 	}
 	if err != nil {
 		s.counts.releaseErrors.Add(1)
+		s.counts.failed(&s.counts.lastRelErr, err)
 		s.metrics.calls.WithLabelValues("ReleaseIP", "error").Inc()
 		return err
 	}

@@ -22,7 +22,8 @@
 // --metrics-listen serves Prometheus metrics; a stats line is logged every
 // --stats-period.
 //
-// The simulated kubelets do not renew node leases: with
-// kube-controller-manager's node lifecycle controller running, the nodes
-// turn NotReady after its grace period.
+// With kube-controller-manager running, pass --node-lease-period 10s: the
+// simulated kubelets then renew their nodes' heartbeat Leases, and the node
+// lifecycle controller keeps the nodes Ready instead of tainting them and
+// evicting their pods.
 package main

@@ -49,6 +49,12 @@ type Config struct {
 	// 200ms and 10s.
 	RetryBase time.Duration
 	RetryMax  time.Duration
+	// NodeLeasePeriod, when set, renews each simulated node's Lease in
+	// kube-node-lease this often (kubelet: 10s), which keeps the nodes Ready
+	// under kube-controller-manager's node lifecycle controller. Zero (the
+	// default) sends no heartbeats: fine without kube-controller-manager,
+	// and cheaper with thousands of nodes.
+	NodeLeasePeriod time.Duration
 
 	// The rest is used by RegisterNodes only.
 
@@ -90,6 +96,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.CNITimeout, "cni-timeout", time.Minute, "deadline of one AllocateIP / ReleaseIP call")
 	fs.DurationVar(&c.RetryBase, "retry-base", 200*time.Millisecond, "first backoff after a failed pod sync; doubles per failure")
 	fs.DurationVar(&c.RetryMax, "retry-max", 10*time.Second, "cap of the per-pod backoff")
+	fs.DurationVar(&c.NodeLeasePeriod, "node-lease-period", 0, "renew each node's heartbeat Lease this often (kubelet: 10s), needed when kube-controller-manager runs; 0 disables")
 	fs.StringVar(&c.ClusterID, "cluster-id", "", "CCE cluster ID; pre-attached ENIs are named <cluster-id>/<instance>/<node>/000000 (required)")
 	fs.StringVar(&c.VPCID, "vpc-id", "", "VPC of the subnet (required)")
 	fs.StringVar(&c.SubnetID, "subnet-id", "", "subnet of the simulated instances and their first ENI (required)")
@@ -132,7 +139,7 @@ func (c Config) Validate() error {
 	if c.Workers < 0 || c.MaxPodsPerNode < 0 || c.RegisterWorkers < 0 {
 		errs = append(errs, errors.New("workers, max pods and register workers must not be negative"))
 	}
-	if c.CNITimeout < 0 || c.RetryBase < 0 || c.RetryMax < c.RetryBase || c.AttachTimeout < 0 {
+	if c.CNITimeout < 0 || c.RetryBase < 0 || c.RetryMax < c.RetryBase || c.AttachTimeout < 0 || c.NodeLeasePeriod < 0 {
 		errs = append(errs, errors.New("timeouts must not be negative and retry max must not be below retry base"))
 	}
 	return errors.Join(errs...)

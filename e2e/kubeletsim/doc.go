@@ -17,7 +17,9 @@
 // with a fresh sandbox after an exponential, capped backoff. A deleted pod
 // gets ReleaseIP with its sandbox's container ID and is then removed with
 // grace 0, as kubelet finishes a deletion. Pods are handled by a fixed number
-// of workers over one work queue, never a goroutine per pod.
+// of workers over one work queue, never a goroutine per pod. With
+// Config.NodeLeasePeriod set, one more goroutine renews every node's
+// heartbeat Lease, as kubelet does.
 //
 //	sim, _ := kubeletsim.New(kubeletsim.Config{
 //		CNIEndpoint: "127.0.0.1:9997", ClusterID: "cce-1", VPCID: "vpc-1",

@@ -182,10 +182,14 @@ func (s *Simulator) Run(ctx context.Context) error {
 		return err
 	}
 	nodeEvent := func(obj any, present bool) {
-		name := nodeName(obj)
-		if name == "" {
+		n := nodeOf(obj)
+		if n == nil {
 			return
 		}
+		// The list is filtered by label; a watch may not be, and a label
+		// removed by an update ends the simulation of the node.
+		present = present && n.Labels[LabelSimulator] == s.cfg.Name
+		name := n.Name
 		s.mu.Lock()
 		if present {
 			s.place.addNode(name)
@@ -218,6 +222,9 @@ func (s *Simulator) Run(ctx context.Context) error {
 	s.log.Info("kubelet simulator running", "name", s.cfg.Name, "cni", s.cfg.CNIEndpoint, "workers", s.cfg.Workers)
 
 	var wg sync.WaitGroup
+	if s.cfg.NodeLeasePeriod > 0 {
+		wg.Go(func() { s.leaseLoop(ctx, s.cfg.NodeLeasePeriod) })
+	}
 	for range s.cfg.Workers {
 		wg.Go(func() {
 			for s.processNext(ctx, rt) {
@@ -311,13 +318,6 @@ func nodeOf(obj any) *corev1.Node {
 	}
 	n, _ := obj.(*corev1.Node)
 	return n
-}
-
-func nodeName(obj any) string {
-	if n := nodeOf(obj); n != nil {
-		return n.Name
-	}
-	return ""
 }
 
 func nodeDeletionTimestamp(obj any) *metav1.Time {

@@ -80,6 +80,11 @@ type fixture struct {
 
 func newFixture(t *testing.T, cni *scriptedCNI, nodes ...string) *fixture {
 	t.Helper()
+	return newFixtureWith(t, cni, func(*Config) {}, nodes...)
+}
+
+func newFixtureWith(t *testing.T, cni *scriptedCNI, mutate func(*Config), nodes ...string) *fixture {
+	t.Helper()
 	var objs []runtime.Object
 	for _, n := range nodes {
 		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{LabelSimulator: "unit"}}})
@@ -116,8 +121,10 @@ func newFixture(t *testing.T, cni *scriptedCNI, nodes ...string) *fixture {
 		<-served
 	})
 
-	sim, err := New(Config{Name: "unit", CNIEndpoint: lis.Addr().String(), Workers: 4,
-		RetryBase: 5 * time.Millisecond, RetryMax: 40 * time.Millisecond}, Deps{Kube: kube}, nil, nil)
+	cfg := Config{Name: "unit", CNIEndpoint: lis.Addr().String(), Workers: 4,
+		RetryBase: 5 * time.Millisecond, RetryMax: 40 * time.Millisecond}
+	mutate(&cfg)
+	sim, err := New(cfg, Deps{Kube: kube}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,5 +277,34 @@ func TestSimulator_Sync_OnlyOwnNodes(t *testing.T) {
 	})
 	if p := f.pod("other"); p.Status.Phase != "" {
 		t.Fatalf("pod of another node touched: %+v", p.Status)
+	}
+}
+
+// With a lease period, every simulated node's heartbeat Lease is created,
+// held by the node, and renewed; other nodes get none.
+func TestSimulator_Run_RenewsNodeLeases(t *testing.T) {
+	f := newFixtureWith(t, newScriptedCNI(0, 0), func(c *Config) { c.NodeLeasePeriod = 20 * time.Millisecond }, "n1", "n2")
+	_, err := f.kube.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "real"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := f.kube.CoordinationV1().Leases("kube-node-lease")
+	var first time.Time
+	f.eventually("leases renewed", func() bool {
+		l, err := leases.Get(context.Background(), "n2", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		if first.IsZero() {
+			first = l.Spec.RenewTime.Time
+			if *l.Spec.HolderIdentity != "n2" || l.OwnerReferences[0].Kind != "Node" {
+				t.Errorf("lease %+v", l)
+			}
+		}
+		_, err = leases.Get(context.Background(), "n1", metav1.GetOptions{})
+		return err == nil && l.Spec.RenewTime.After(first)
+	})
+	if _, err := leases.Get(context.Background(), "real", metav1.GetOptions{}); err == nil {
+		t.Fatal("lease written for a node the simulator does not play")
 	}
 }

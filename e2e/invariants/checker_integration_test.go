@@ -13,10 +13,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/e2e/cluster"
 	"github.com/cce-ipam/sharded/e2e/invariants"
+	"github.com/cce-ipam/sharded/e2e/kubeletsim"
 	"github.com/cce-ipam/sharded/e2e/kubeletsim/stack"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 )
@@ -192,6 +194,18 @@ func TestChecker_Check_FindsEveryKind(t *testing.T) {
 	}
 	if len(vs) != len(want) {
 		t.Errorf("got %d violations, want %d (no others)", len(vs), len(want))
+	}
+
+	// The BCE API view (ListENIs, paginated) sees the same cloud as Dump.
+	viaAPI, err := invariants.New(invariants.Config{Namespaces: []string{ns}, Pool: bounds,
+		NodeSelector: labels.SelectorFromSet(labels.Set{kubeletsim.LabelSimulator: st.Opts.Name})},
+		st.Kube, st.CCE, invariants.ProviderView(st.Cloud, st.VPCID, st.ClusterID+"/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (The idle lists may differ if a pool worker acted in between.)
+	if vs2, err := viaAPI.Check(ctx); err != nil || fmt.Sprint(vs2.Kinds()) != fmt.Sprint(vs.Kinds()) {
+		t.Errorf("ProviderView disagrees with SimView (err=%v):\n%s\nvs\n%s", err, vs2, vs)
 	}
 
 	// A pool minimum no node reaches.

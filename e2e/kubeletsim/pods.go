@@ -166,7 +166,7 @@ func (s *Simulator) start(ctx context.Context, rt *runState, pod *corev1.Pod, st
 	}
 	if st.teardown != "" {
 		if err := s.release(ctx, rt, pod.Namespace, pod.Name, st.teardown); err != nil {
-			s.events.Eventf(pod, corev1.EventTypeWarning, "FailedKillPod",
+			rt.events.Eventf(pod, corev1.EventTypeWarning, "FailedKillPod",
 				"error killing pod: failed to \"KillPodSandbox\" for %q: plugin type=\"eni-ipam\" failed (delete): %v", st.teardown, err)
 			return err
 		}
@@ -176,7 +176,7 @@ func (s *Simulator) start(ctx context.Context, rt *runState, pod *corev1.Pod, st
 		id := newContainerID()
 		ip, err := s.allocate(ctx, rt, pod.Namespace, pod.Name, id, pod.Spec.NodeName)
 		if err != nil {
-			s.events.Eventf(pod, corev1.EventTypeWarning, "FailedCreatePodSandBox",
+			rt.events.Eventf(pod, corev1.EventTypeWarning, "FailedCreatePodSandBox",
 				"Failed to create pod sandbox: plugin type=\"eni-ipam\" failed (add): %v", err)
 			// The runtime cleans up the failed sandbox's network at once and
 			// keeps trying until the DEL succeeds.
@@ -206,7 +206,7 @@ func (s *Simulator) start(ctx context.Context, rt *runState, pod *corev1.Pod, st
 // removes the object as kubelet finishes a graceful deletion.
 func (s *Simulator) kill(ctx context.Context, rt *runState, pod *corev1.Pod, st *podState) error {
 	if err := s.teardown(ctx, rt, pod.Namespace, pod.Name, st); err != nil {
-		s.events.Eventf(pod, corev1.EventTypeWarning, "FailedKillPod",
+		rt.events.Eventf(pod, corev1.EventTypeWarning, "FailedKillPod",
 			"error killing pod: failed to \"KillPodSandbox\": plugin type=\"eni-ipam\" failed (delete): %v", err)
 		return err
 	}

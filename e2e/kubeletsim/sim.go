@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,19 +50,17 @@ type Simulator struct {
 	metrics *metrics
 	counts  counters
 
-	broadcaster record.EventBroadcaster
-	events      record.EventRecorder
-
 	// mu guards placement and pods (the map; a podState is only touched by
 	// the worker holding its key, which the queue makes exclusive).
 	mu    sync.Mutex
 	place *placement
 	pods  map[string]*podState
 
-	synced chan struct{}
+	synced  chan struct{}
+	started atomic.Bool
 }
 
-// New builds a Simulator; it starts nothing (Run does).
+// New builds a Simulator; it starts nothing (Run does, once).
 func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Simulator, error) {
 	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
@@ -78,8 +77,6 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 		place: newPlacement(cfg.MaxPodsPerNode), pods: map[string]*podState{},
 		synced: make(chan struct{}),
 	}
-	s.broadcaster = record.NewBroadcaster(record.WithContext(context.Background()))
-	s.events = s.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet"})
 	return s, nil
 }
 
@@ -114,19 +111,23 @@ const nodeIndex = "spec.nodeName"
 
 // run-time handles shared by the workers; built by Run.
 type runState struct {
-	cni   rpc.CNIBackendClient
-	pods  corelisters.PodLister
-	index cache.Indexer
-	queue workqueue.TypedRateLimitingInterface[string]
+	events record.EventRecorder
+	cni    rpc.CNIBackendClient
+	pods   corelisters.PodLister
+	index  cache.Indexer
+	queue  workqueue.TypedRateLimitingInterface[string]
 }
 
 // Run watches pods and simulated nodes and drives every pod through bind,
 // ADD, Running and, on deletion, DEL and removal, with Config.Workers
 // workers. It blocks until ctx ends and returns after every goroutine it
-// started has exited.
+// started has exited. Call it once per Simulator.
 func (s *Simulator) Run(ctx context.Context) error {
 	if s.cfg.CNIEndpoint == "" {
 		return errors.New("kubeletsim: Config.CNIEndpoint is required")
+	}
+	if !s.started.CompareAndSwap(false, true) {
+		return errors.New("kubeletsim: Run called twice")
 	}
 	conn, err := grpc.NewClient(s.cfg.CNIEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -134,8 +135,9 @@ func (s *Simulator) Run(ctx context.Context) error {
 	}
 	defer conn.Close()
 
-	s.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.deps.Kube.CoreV1().Events("")})
-	defer s.broadcaster.Shutdown()
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.deps.Kube.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
 
 	stripManaged := func(obj any) (any, error) {
 		if m, err := meta.Accessor(obj); err == nil {
@@ -162,9 +164,10 @@ func (s *Simulator) Run(ctx context.Context) error {
 	nodeInformer := nodeFactory.Core().V1().Nodes().Informer()
 
 	rt := &runState{
-		cni:   rpc.NewCNIBackendClient(conn),
-		pods:  podFactory.Core().V1().Pods().Lister(),
-		index: podInformer.GetIndexer(),
+		events: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet"}),
+		cni:    rpc.NewCNIBackendClient(conn),
+		pods:   podFactory.Core().V1().Pods().Lister(),
+		index:  podInformer.GetIndexer(),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](s.cfg.RetryBase, s.cfg.RetryMax),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),

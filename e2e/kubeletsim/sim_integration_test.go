@@ -215,3 +215,33 @@ func TestSimulator_Run_RetriesFailedAdd(t *testing.T) {
 		t.Fatalf("invariants: err=%v\n%s", err, vs)
 	}
 }
+
+// Small instances (8 GB: 8 IPs per ENI, the primary included) cannot hold
+// a node's pods on the pre-attached ENI: the IPAM must create more ENIs
+// from the IPPool the simulated node agent wrote, and every pod still runs.
+func TestSimulator_Run_PodsBeyondOneENI(t *testing.T) {
+	crds(t)
+	const nodes, pods = 2, 24
+	st := stack.Start(t, cp.Config, stack.Options{Name: "small", Nodes: nodes, Namespace: cp.Namespace(t), MemoryGB: 8})
+	createPods(t, st, "svc", pods)
+	stack.Eventually(t, 90*time.Second, "all pods Running", func() (bool, string) {
+		s := st.Kubelet.Stats()
+		return s.PodsStarted == pods, fmt.Sprintf("%+v", s)
+	})
+	enis := map[string]int{}
+	for _, e := range st.BCE.Dump().ENIs {
+		if e.Status == "inuse" {
+			enis[e.InstanceID]++
+		}
+	}
+	for _, n := range st.Nodes {
+		// 12 pods need at least two ENIs of 7 secondary IPs each.
+		if enis[n.InstanceID] < 2 {
+			t.Errorf("node %s has %d in-use ENIs, want ≥ 2", n.Name, enis[n.InstanceID])
+		}
+	}
+	chk := st.Checker(invariants.Config{Namespaces: []string{st.Opts.Namespace}})
+	if vs, err := chk.Check(context.Background()); err != nil || len(vs) > 0 {
+		t.Fatalf("invariants: err=%v\n%s", err, vs)
+	}
+}

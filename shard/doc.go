@@ -1,6 +1,6 @@
 // Package shard decides which cce-ipam replica serves which node.
 //
-// This file set holds the pure part: a consistent-hash Ring over the live
+// The pure parts live here: a consistent-hash Ring over the live
 // members (buraksezer/consistent v1.0.0 with xxhash, a prime partition count
 // and bounded load) that maps node → partition → owner, and Table, the
 // ownership of every partition as a plain value with Diff to list the moves
@@ -16,5 +16,6 @@
 // joined does not matter, so every replica that sees the same members computes
 // the same owners. A ring view is still only a hint: exclusivity (one replica
 // allocating for a node at a time) is enforced by per-replica Leases in the API
-// server, never by the ring alone.
+// server, never by the ring alone: Ownership (ownership.go) is the pure state
+// machine of that fencing, and DESIGN.md argues each invariant.
 package shard

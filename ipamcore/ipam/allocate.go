@@ -28,7 +28,7 @@ func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, erro
 	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
 	defer unlock()
 
-	pod, err := i.getPod(ctx, ref.Namespace, ref.Name)
+	pod, err := i.getPod(ctx, ref)
 	if err != nil {
 		return cni.Endpoint{}, err
 	}
@@ -227,11 +227,16 @@ func (i *IPAM) newWEP(pod *corev1.Pod, n *node, info datastore.IPInfo) *cce.Work
 	}
 }
 
-// getPod reads the pod from the cache, and from the API server when the
-// cache has not seen it yet (a pod bound a moment ago).
-func (i *IPAM) getPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+// getPod reads the pod from the cache, and from the API server when the cache
+// may be behind: it has not seen the pod, or only before its binding (no
+// node), or it still holds a deleted predecessor of the same name (being
+// deleted, or on another node than the plugin says). A CNI ADD happens only
+// after the binding, so the live read sees it.
+func (i *IPAM) getPod(ctx context.Context, ref cni.PodRef) (*corev1.Pod, error) {
+	namespace, name := ref.Namespace, ref.Name
 	pod, err := i.pods.Pods(namespace).Get(name)
-	if apierrors.IsNotFound(err) {
+	if apierrors.IsNotFound(err) || (err == nil && (pod.Spec.NodeName == "" || pod.DeletionTimestamp != nil ||
+		(ref.Node != "" && ref.Node != pod.Spec.NodeName))) {
 		pod, err = i.deps.Kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	}
 	if err != nil {

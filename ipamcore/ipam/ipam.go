@@ -259,3 +259,9 @@ func (i *IPAM) node(name string) (*node, bool) {
 	n, ok := i.served[name]
 	return n, ok
 }
+
+// PodFromCache returns the pod as the IPAM's informer cache has it (for
+// diagnostics and tests of cache lag).
+func (i *IPAM) PodFromCache(namespace, name string) (*corev1.Pod, error) {
+	return i.pods.Pods(namespace).Get(name)
+}

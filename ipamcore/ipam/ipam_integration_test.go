@@ -4,10 +4,12 @@ package ipam_test
 
 import (
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -241,5 +243,34 @@ func TestIPAM_ServeAllNodesFollowsNodes(t *testing.T) {
 	}
 	if _, err := pools.Get(e.ctx, cce.IPPoolName(e.nodes[0]), metav1.GetOptions{}); err != nil {
 		t.Fatalf("IPPool of a live node deleted: %v", err)
+	}
+}
+
+// A pod bound a moment ago may still be unbound in the IPAM's cache: the ADD
+// must read the binding from the API server instead of failing.
+func TestIPAM_AllocateRightAfterBinding(t *testing.T) {
+	e := newEnv(t, "bind", 1, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond})
+	for k := range 20 {
+		name := "late-" + strconv.Itoa(k)
+		if _, err := e.kube.CoreV1().Pods(e.ns).Create(e.ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "pause"}}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// Wait until the cache has the unbound pod, then bind and ADD at once.
+		eventually(t, 10*time.Second, "unbound pod in the cache", func() bool {
+			_, err := e.ipam.PodFromCache(e.ns, name)
+			return err == nil
+		})
+		if err := e.kube.CoreV1().Pods(e.ns).Bind(e.ctx, &corev1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Name: name}, Target: corev1.ObjectReference{Kind: "Node", Name: e.nodes[0]},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		reply, err := e.cni.AllocateIP(e.ctx, &rpc.AllocateIPRequest{K8SPodName: name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: "c" + strconv.Itoa(k)})
+		if err != nil || !reply.IsSuccess {
+			t.Fatalf("ADD right after binding: %v %v", reply, err)
+		}
 	}
 }

@@ -39,6 +39,9 @@ type Config struct {
 	// to adopt new ENIs, drop vanished ones, keep IPPool status current and
 	// delete leaked ENIs. Defaults to 20s.
 	ENISyncPeriod time.Duration
+	// LeakedENIAge: an ENI of the cluster left unattached this long after
+	// its creation is deleted by the ENI sync. Defaults to 3m.
+	LeakedENIAge time.Duration
 	// SubnetSelection chooses the subnet of a new ENI among its IPPool's:
 	// MostFreeIP (default) or LeastENI.
 	SubnetSelection string
@@ -62,6 +65,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.AllocateWait, "allocate-wait", 10*time.Second, "how long an allocation waits for the pool to refill")
 	fs.DurationVar(&c.Cooldown, "ip-cooling-period", 5*time.Second, "how long a released IP rests before it is handed out again")
 	fs.DurationVar(&c.ENISyncPeriod, "eni-sync-period", 20*time.Second, "how often the cluster's ENIs are listed to adopt, drop and clean up ENIs and to update IPPool status")
+	fs.DurationVar(&c.LeakedENIAge, "leaked-eni-age", 3*time.Minute, "an unattached ENI of the cluster older than this is deleted by the ENI sync")
 	fs.StringVar(&c.SubnetSelection, "eni-subnet-selection", SubnetMostFreeIP, "subnet of a new ENI among its IPPool's: MostFreeIP or LeastENI")
 	fs.DurationVar(&c.GCPeriod, "gc-period", 120*time.Second, "how often weps of deleted pods, fixed IPs of deleted or scaled-down StatefulSets and leaked IPs are collected")
 	fs.DurationVar(&c.LeakGrace, "leaked-ip-grace", 10*time.Minute, "how long an assigned IP without a WorkloadEndpoint waits before it is reclaimed")
@@ -88,6 +92,9 @@ func (c *Config) defaults() {
 	}
 	if c.ENISyncPeriod == 0 {
 		c.ENISyncPeriod = 20 * time.Second
+	}
+	if c.LeakedENIAge == 0 {
+		c.LeakedENIAge = 3 * time.Minute
 	}
 	if c.SubnetSelection == "" {
 		c.SubnetSelection = SubnetMostFreeIP
@@ -123,7 +130,7 @@ func (c Config) Validate() error {
 	if err := c.poolConfig().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.PoolCheckPeriod < 0 || c.AllocateWait < 0 || c.Cooldown < 0 || c.GCPeriod < 0 || c.LeakGrace < 0 || c.ENISyncPeriod < 0 {
+	if c.PoolCheckPeriod < 0 || c.AllocateWait < 0 || c.Cooldown < 0 || c.GCPeriod < 0 || c.LeakGrace < 0 || c.ENISyncPeriod < 0 || c.LeakedENIAge < 0 {
 		errs = append(errs, errors.New("periods must not be negative"))
 	}
 	return errors.Join(errs...)

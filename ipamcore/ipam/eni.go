@@ -25,9 +25,6 @@ import (
 const (
 	attachPoll    = time.Second
 	attachTimeout = 50 * time.Second
-	// leakedENIAge: an ENI of ours left "available" this long after its
-	// creation lost its creator (crash between create and attach).
-	leakedENIAge = 3 * time.Minute
 )
 
 // createENI creates an ENI for the node in the subnet of its IPPool with the
@@ -239,9 +236,10 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 		i.adoptENIs(ctx, n, inUse)
 		i.writePoolStatus(ctx, n, inUse)
 	}
-	// Leaked: ours, unattached, older than leakedENIAge, for a served node.
+	// Leaked: ours, unattached, older than LeakedENIAge, for a served node
+	// (its creator crashed between create and attach).
 	for _, e := range enis {
-		if e.Status != cloud.ENIStatusAvailable || e.CreatedTime.IsZero() || now.Sub(e.CreatedTime) < leakedENIAge {
+		if e.Status != cloud.ENIStatusAvailable || e.CreatedTime.IsZero() || now.Sub(e.CreatedTime) < i.cfg.LeakedENIAge {
 			continue
 		}
 		parts := strings.Split(e.Name, "/")

@@ -3,12 +3,14 @@
 package ipam_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
@@ -169,4 +171,40 @@ func TestIPAM_CreatesENIsWhenNeeded(t *testing.T) {
 		t.Fatalf("IPPool status has %d ENIs (err %v), want 2", len(pool.Status.ENI.ENIs), err)
 	}
 	e.checkNoLeak()
+}
+
+// An ENI of the cluster left unattached (its creator crashed between create
+// and attach) is deleted by the ENI sync once it is old enough; attached ENIs
+// and other clusters' ENIs are left alone.
+func TestIPAM_SyncDeletesLeakedENIs(t *testing.T) {
+	e := newEnv(t, "le", 1, ipam.Config{LeakedENIAge: time.Second, PoolCheckPeriod: 200 * time.Millisecond})
+	inst, node := e.instance[e.nodes[0]], e.nodes[0]
+	sg := "g-le"
+	leaked, err := e.cloud.CreateENI(e.ctx, cloud.CreateENIRequest{Name: testCluster + "/" + inst + "/" + node + "/abcdef", SubnetID: "sbn-le", SecurityGroupIDs: []string{sg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := e.cloud.CreateENI(e.ctx, cloud.CreateENIRequest{Name: "other-cluster/" + inst + "/" + node + "/abcdef", SubnetID: "sbn-le", SecurityGroupIDs: []string{sg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ipam.SyncENIs(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cloud.GetENI(e.ctx, leaked); err != nil {
+		t.Fatalf("a fresh unattached ENI was deleted before LeakedENIAge: %v", err)
+	}
+	eventually(t, 20*time.Second, "leaked ENI deleted", func() bool {
+		if err := e.ipam.SyncENIs(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		_, err := e.cloud.GetENI(e.ctx, leaked)
+		return errors.Is(err, cloud.ErrENINotFound)
+	})
+	if _, err := e.cloud.GetENI(e.ctx, foreign); err != nil {
+		t.Fatalf("another cluster's ENI was deleted: %v", err)
+	}
+	if st := e.stats(node); len(st.ENIs) != 1 {
+		t.Fatalf("the attached ENI was dropped: %d ENIs", len(st.ENIs))
+	}
 }

@@ -62,14 +62,18 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.AccessKeyID, "bce-access-key-id", c.AccessKeyID, "BCE access key ID (prefer --bce-credentials-dir)")
 	fs.StringVar(&c.SecretAccessKey, "bce-secret-access-key", c.SecretAccessKey, "BCE secret access key (prefer --bce-credentials-dir)")
 	fs.StringVar(&c.CredentialsDir, "bce-credentials-dir", c.CredentialsDir, "directory with files access-key-id and secret-access-key (a mounted Secret)")
-	fs.Float64Var(&c.Rate, "bce-rate", c.Rate, "client-side BCE API calls per second (default 10)")
-	fs.Int64Var(&c.Burst, "bce-burst", c.Burst, "client-side BCE API burst (default 5)")
-	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", c.ThrottleRetries, "retries of a call BCE answered with RateLimit (default 3, negative disables)")
-	fs.DurationVar(&c.ThrottleBackoff, "bce-throttle-backoff", c.ThrottleBackoff, "base of the jittered backoff after RateLimit (default 200ms)")
-	fs.IntVar(&c.SDKRetries, "bce-sdk-retries", c.SDKRetries, "SDK retries of 5xx and transport errors (default 3, negative disables)")
-	fs.DurationVar(&c.SDKRetryBase, "bce-sdk-retry-base", c.SDKRetryBase, "base delay of the SDK's exponential retry (default 300ms)")
-	fs.DurationVar(&c.Timeout, "bce-timeout", c.Timeout, "timeout of one BCE HTTP attempt (default 20s)")
-	fs.IntVar(&c.PageSize, "bce-page-size", c.PageSize, "maxKeys of BCE list calls (default 1000)")
+	// Numeric flags show their effective defaults (pflag prints them); a
+	// zero value set programmatically still means "default" to setDefaults.
+	d := *c
+	d.setDefaults()
+	fs.Float64Var(&c.Rate, "bce-rate", d.Rate, "client-side BCE API calls per second")
+	fs.Int64Var(&c.Burst, "bce-burst", d.Burst, "client-side BCE API burst")
+	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", d.ThrottleRetries, "retries of a call BCE answered with RateLimit (negative disables)")
+	fs.DurationVar(&c.ThrottleBackoff, "bce-throttle-backoff", d.ThrottleBackoff, "base of the jittered backoff after RateLimit")
+	fs.IntVar(&c.SDKRetries, "bce-sdk-retries", d.SDKRetries, "SDK retries of 5xx and transport errors (negative disables)")
+	fs.DurationVar(&c.SDKRetryBase, "bce-sdk-retry-base", d.SDKRetryBase, "base delay of the SDK's exponential retry")
+	fs.DurationVar(&c.Timeout, "bce-timeout", d.Timeout, "timeout of one BCE HTTP attempt")
+	fs.IntVar(&c.PageSize, "bce-page-size", d.PageSize, "maxKeys of BCE list calls")
 }
 
 func (c *Config) setDefaults() {

@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
@@ -218,8 +219,22 @@ func (s *Simulator) registerNode(ctx context.Context, name string) (NodeInfo, bo
 	if err != nil {
 		return info, false, fmt.Errorf("create node: %w", err)
 	}
-	node.Status = s.nodeStatus()
-	if _, err := nodes.UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+	// kube-controller-manager (node lifecycle, taints) writes new nodes
+	// too: re-read and retry on a conflict, as kubelet does.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if node == nil {
+			if node, err = nodes.Get(ctx, name, metav1.GetOptions{}); err != nil {
+				return err
+			}
+		}
+		node.Status = s.nodeStatus()
+		_, err := nodes.UpdateStatus(ctx, node, metav1.UpdateOptions{})
+		if err != nil {
+			node = nil
+		}
+		return err
+	})
+	if err != nil {
 		return info, false, fmt.Errorf("set node status: %w", err)
 	}
 	s.log.Debug("registered node", "node", name, "instance", info.InstanceID, "eni", info.ENIID)

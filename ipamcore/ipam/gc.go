@@ -91,7 +91,12 @@ func (i *IPAM) wepGarbage(ctx context.Context, w *cce.WorkloadEndpoint) (string,
 		if !ok {
 			return "", false
 		}
-		sts, err := i.deps.Kube.AppsV1().StatefulSets(w.Namespace).Get(ctx, name, metav1.GetOptions{})
+		// The cache answers; only a verdict of garbage (gone, or scaled
+		// below this ordinal) is confirmed with the API server.
+		sts, err := i.statefulSets.StatefulSets(w.Namespace).Get(name)
+		if apierrors.IsNotFound(err) || (err == nil && sts.Spec.Replicas != nil && int32(ordinal) >= *sts.Spec.Replicas) {
+			sts, err = i.deps.Kube.AppsV1().StatefulSets(w.Namespace).Get(ctx, name, metav1.GetOptions{})
+		}
 		switch {
 		case apierrors.IsNotFound(err):
 			return gcDeletedStatefulSet, true

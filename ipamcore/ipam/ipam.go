@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
@@ -58,6 +59,7 @@ type IPAM struct {
 	cceInformers  cceinformers.SharedInformerFactory
 	pods          corelisters.PodLister
 	nodes         corelisters.NodeLister
+	statefulSets  appslisters.StatefulSetLister
 	weps          ccelisters.WorkloadEndpointLister
 	subnets       ccelisters.SubnetLister
 
@@ -118,6 +120,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 	i.cceInformers = cceinformers.NewSharedInformerFactory(deps.CCE, 0)
 	i.pods = i.kubeInformers.Core().V1().Pods().Lister()
 	i.nodes = i.kubeInformers.Core().V1().Nodes().Lister()
+	i.statefulSets = i.kubeInformers.Apps().V1().StatefulSets().Lister()
 	i.weps = i.cceInformers.Cce().V1alpha1().WorkloadEndpoints().Lister()
 	i.subnets = i.cceInformers.Cce().V1alpha1().Subnets().Lister()
 	return i, nil

@@ -136,10 +136,12 @@ func TestIPAM_FixedIPStatefulSet(t *testing.T) {
 		}
 		e.deletePod(p.name)
 	}
-	e.ipam.CollectGarbage(e.ctx)
-	if e.wepExists("db-1") {
-		t.Fatal("GC kept the wep of a scaled-down fixed pod")
-	}
+	// GC reads StatefulSets from its cache, so it converges within a pass
+	// or two of the scale-down reaching the informer.
+	eventually(t, 10*time.Second, "GC releases the scaled-down pod's fixed IP", func() bool {
+		e.ipam.CollectGarbage(e.ctx)
+		return !e.wepExists("db-1")
+	})
 	if !e.wepExists("db-2") {
 		t.Fatal("GC released a fixed IP with policy Never")
 	}
@@ -155,7 +157,10 @@ func TestIPAM_FixedIPStatefulSet(t *testing.T) {
 		_, err := e.kube.AppsV1().StatefulSets(e.ns).Get(e.ctx, "db", metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
-	e.ipam.CollectGarbage(e.ctx)
+	eventually(t, 10*time.Second, "GC releases db-0 after the StatefulSet is deleted", func() bool {
+		e.ipam.CollectGarbage(e.ctx)
+		return !e.wepExists("db-0")
+	})
 	if e.wepExists("db-0") || !e.wepExists("db-2") {
 		t.Fatalf("after StatefulSet deletion: db-0 wep exists=%v (want false), db-2 exists=%v (want true)", e.wepExists("db-0"), e.wepExists("db-2"))
 	}

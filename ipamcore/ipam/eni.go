@@ -74,9 +74,6 @@ func (i *IPAM) createENI(ctx context.Context, n *node) error {
 		// Attached but unrecorded: the next ENI sync adopts it.
 		return fmt.Errorf("record ENI %s: %w", eniID, err)
 	}
-	n.mu.Lock()
-	n.eniList = append(n.eniList, de)
-	n.mu.Unlock()
 	i.metrics.enisCreated.Inc()
 	i.events.Eventf(k8sNode, corev1.EventTypeNormal, "CreateNewENI", "created and attached %s in subnet %s", eniID, subnet.ID)
 	i.log.Info("created ENI", "node", n.name, "eni", eniID, "subnet", subnet.ID)
@@ -94,7 +91,7 @@ func (i *IPAM) eniPlacement(ctx context.Context, n *node) ([]string, []string, e
 	if err != nil && !apierrors.IsNotFound(err) {
 		return nil, nil, fmt.Errorf("get IPPool: %w", err)
 	}
-	for _, e := range n.enis() {
+	for _, e := range i.nodeENIs(n.name) {
 		got, err := i.deps.Cloud.GetENI(ctx, e.ID)
 		if err == nil && len(got.SecurityGroupIDs) > 0 {
 			return []string{got.SubnetID}, got.SecurityGroupIDs, nil
@@ -117,7 +114,7 @@ const (
 // Subnets marked exhausted are skipped without asking the cloud.
 func (i *IPAM) chooseSubnet(ctx context.Context, n *node, ids []string) (*cloud.Subnet, error) {
 	perSubnet := map[string]int{}
-	for _, e := range n.enis() {
+	for _, e := range i.nodeENIs(n.name) {
 		perSubnet[e.SubnetID]++
 	}
 	exhausted := i.exhaustedSubnets()
@@ -258,16 +255,42 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 }
 
 // adoptENIs reconciles the node's datastore ENIs with the cloud's in-use
-// ones. Addresses on a new ENI enter the pool idle.
+// ones. Addresses on a new ENI enter the pool idle. An ENI is dropped only
+// when two syncs in a row miss it: the list may predate an ENI the pool
+// worker created meanwhile, and dropping its records would let its assigned
+// IPs come back as idle.
 func (i *IPAM) adoptENIs(ctx context.Context, n *node, inUse []cloud.ENI) {
-	have := map[string]bool{}
-	for _, e := range n.enis() {
-		have[e.ID] = true
-	}
 	want := map[string]bool{}
-	var list []datastore.ENI
 	for _, e := range inUse {
 		want[e.ID] = true
+	}
+	have := map[string]bool{}
+	for _, e := range i.nodeENIs(n.name) {
+		have[e.ID] = true
+		n.mu.Lock()
+		if want[e.ID] {
+			delete(n.missing, e.ID)
+			n.mu.Unlock()
+			continue
+		}
+		n.missing[e.ID]++
+		drop := n.missing[e.ID] >= 2
+		if drop {
+			delete(n.missing, e.ID)
+		}
+		n.mu.Unlock()
+		if !drop {
+			continue
+		}
+		if dropped, err := i.store.RemoveENI(n.name, e.ID); err == nil {
+			for _, ip := range dropped {
+				if ip.State == datastore.StateAssigned {
+					i.log.Warn("ENI vanished with an assigned IP", "node", n.name, "eni", e.ID, "ip", ip.Addr, "owner", ip.Owner.String())
+				}
+			}
+		}
+	}
+	for _, e := range inUse {
 		if have[e.ID] {
 			continue
 		}
@@ -284,26 +307,22 @@ func (i *IPAM) adoptENIs(ctx context.Context, n *node, inUse []cloud.ENI) {
 				i.log.Warn("ENI sync: adopting the ENI's IPs failed", "eni", e.ID, "err", err)
 			}
 		}
-		list = append(list, de)
 		i.log.Info("ENI sync: adopted ENI", "node", n.name, "eni", e.ID)
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	kept := n.eniList[:0]
-	for _, e := range n.eniList {
-		if want[e.ID] {
-			kept = append(kept, e)
-			continue
-		}
-		if dropped, err := i.store.RemoveENI(n.name, e.ID); err == nil {
-			for _, ip := range dropped {
-				if ip.State == datastore.StateAssigned {
-					i.log.Warn("ENI vanished with an assigned IP", "node", n.name, "eni", e.ID, "ip", ip.Addr, "owner", ip.Owner.String())
-				}
-			}
-		}
+}
+
+// nodeENIs returns the node's ENIs as the datastore records them (the one
+// place that knows them).
+func (i *IPAM) nodeENIs(node string) []datastore.ENI {
+	snap, err := i.store.Snapshot(node)
+	if err != nil {
+		return nil
 	}
-	n.eniList = append(kept, list...)
+	out := make([]datastore.ENI, len(snap.ENIs))
+	for k, e := range snap.ENIs {
+		out[k] = e.ENI
+	}
+	return out
 }
 
 // writePoolStatus sets the node's IPPool status.eni.enis to its in-use ENIs,

@@ -208,3 +208,33 @@ func TestIPAM_SyncDeletesLeakedENIs(t *testing.T) {
 		t.Fatalf("the attached ENI was dropped: %d ENIs", len(st.ENIs))
 	}
 }
+
+// An ENI that vanishes from the cloud's list is dropped only when two syncs
+// in a row miss it: one list may predate an ENI created meanwhile.
+func TestIPAM_SyncDropsVanishedENIAfterTwoMisses(t *testing.T) {
+	e := newEnv(t, "vn", 1, ipam.Config{IdleMin: 1, PoolCheckPeriod: time.Hour})
+	node := e.nodes[0]
+	enis := e.stats(node).ENIs
+	if len(enis) != 1 {
+		t.Fatalf("node has %d ENIs, want 1", len(enis))
+	}
+	if err := e.cloud.DetachENI(e.ctx, enis[0].ID, e.instance[node]); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "ENI detached in the cloud", func() bool {
+		got, err := e.cloud.GetENI(e.ctx, enis[0].ID)
+		return err == nil && got.Status == cloud.ENIStatusAvailable
+	})
+	if err := e.ipam.SyncENIs(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.stats(node).ENIs); n != 1 {
+		t.Fatalf("one missed sync dropped the ENI (%d left)", n)
+	}
+	if err := e.ipam.SyncENIs(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.stats(node).ENIs); n != 0 {
+		t.Fatalf("two missed syncs kept the vanished ENI (%d left)", n)
+	}
+}

@@ -81,7 +81,7 @@ func (i *IPAM) takeFixedIP(ctx context.Context, n *node, owner datastore.Owner) 
 			_, _ = i.store.RemoveIP(old.name, addr)
 		}
 	}
-	for _, e := range n.enis() {
+	for _, e := range i.nodeENIs(n.name) {
 		if e.SubnetID != subnet {
 			continue
 		}

@@ -218,7 +218,7 @@ func (i *IPAM) ServeNode(ctx context.Context, name string) error {
 		defer close(n.done)
 		i.poolWorker(workerCtx, n)
 	}()
-	i.log.Info("serving node", "node", name, "instance", n.instanceID, "enis", len(n.enis()),
+	i.log.Info("serving node", "node", name, "instance", n.instanceID, "enis", len(i.nodeENIs(name)),
 		"duration", i.deps.Clock.Since(start))
 	return nil
 }

@@ -31,7 +31,7 @@ type node struct {
 	done   chan struct{}
 
 	mu       sync.Mutex
-	eniList  []datastore.ENI
+	missing  map[string]int          // ENI ID → syncs in a row that did not see it
 	backoff  map[string]pool.Backoff // ENI ID → when it may grow again
 	refilled chan struct{}           // closed and replaced whenever IPs are added
 	waiting  int                     // allocations blocked on an empty pool
@@ -43,14 +43,14 @@ type node struct {
 	returns    map[string][]netip.Addr
 }
 
-func newNode(name, instanceID string, capacity pool.Capacity, enis []datastore.ENI) *node {
+func newNode(name, instanceID string, capacity pool.Capacity) *node {
 	return &node{
 		name:       name,
 		instanceID: instanceID,
 		capacity:   capacity,
 		wake:       make(chan struct{}, 1),
 		done:       make(chan struct{}),
-		eniList:    enis,
+		missing:    map[string]int{},
 		backoff:    map[string]pool.Backoff{},
 		refilled:   make(chan struct{}),
 	}
@@ -68,12 +68,6 @@ func (n *node) stop() {
 	if n.cancel != nil {
 		n.cancel()
 	}
-}
-
-func (n *node) enis() []datastore.ENI {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return append([]datastore.ENI(nil), n.eniList...)
 }
 
 // waitRefill registers a waiting allocation and returns the channel that is
@@ -138,7 +132,6 @@ func (i *IPAM) rebuild(ctx context.Context, name string) (*node, error) {
 		return nil, fmt.Errorf("list ENIs of %s: %w", instanceID, err)
 	}
 	in := datastore.RestoreInput{}
-	var enis []datastore.ENI
 	for _, e := range cloudENIs {
 		if e.Status != cloud.ENIStatusInUse || e.InstanceID != instanceID {
 			continue // attaching or detaching ENIs carry no pod IPs yet
@@ -147,7 +140,6 @@ func (i *IPAM) rebuild(ctx context.Context, name string) (*node, error) {
 		if err != nil {
 			return nil, err
 		}
-		enis = append(enis, de)
 		in.ENIs = append(in.ENIs, datastore.RestoreENI{ENI: de, IPs: ips})
 	}
 
@@ -183,7 +175,7 @@ func (i *IPAM) rebuild(ctx context.Context, name string) (*node, error) {
 	for _, c := range report.Conflicts {
 		i.log.Warn("conflict while rebuilding node; address held out of the pool", "node", name, "conflict", c.String())
 	}
-	return newNode(name, instanceID, capacity, enis), nil
+	return newNode(name, instanceID, capacity), nil
 }
 
 // toDatastoreENI converts a cloud ENI, looking up its subnet's CIDR so that

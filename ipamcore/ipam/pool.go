@@ -199,12 +199,7 @@ func (i *IPAM) trim(ctx context.Context, n *node, plan []pool.IdleIP) {
 // them; on failure they are put back into the pool.
 func (i *IPAM) deleteFromCloud(ctx context.Context, n *node, eniID string, held []netip.Addr) {
 	for chunk := range slices.Chunk(held, cloud.MaxBatchIPs) {
-		strs := make([]string, len(chunk))
-		for k, a := range chunk {
-			strs[k] = a.String()
-		}
-		err := i.deps.Cloud.BatchDeletePrivateIPs(ctx, eniID, strs)
-		if err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) {
+		if err := i.batchDelete(ctx, eniID, chunk); err != nil {
 			n.setCloudError(err)
 			for _, a := range chunk {
 				if _, uerr := i.store.Unhold(n.name, a, nil, i.deps.Clock.Now()); uerr != nil {
@@ -240,14 +235,34 @@ func (i *IPAM) returnQueued(ctx context.Context, n *node) {
 	n.returns = nil
 	n.mu.Unlock()
 	for eniID, addrs := range queued {
-		strs := make([]string, len(addrs))
-		for k, a := range addrs {
-			strs[k] = a.String()
-		}
-		if err := i.deps.Cloud.BatchDeletePrivateIPs(ctx, eniID, strs); err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) {
-			i.log.Warn("returning cross-subnet IPs failed; leaked-IP GC will reclaim them", "eni", eniID, "err", err)
+		for chunk := range slices.Chunk(addrs, cloud.MaxBatchIPs) {
+			if err := i.batchDelete(ctx, eniID, chunk); err != nil {
+				// The store no longer knows them: keep them queued, or
+				// nothing would ever return them.
+				i.log.Warn("returning cross-subnet IPs failed; will retry", "eni", eniID, "err", err)
+				n.mu.Lock()
+				if n.returns == nil {
+					n.returns = map[string][]netip.Addr{}
+				}
+				n.returns[eniID] = append(n.returns[eniID], chunk...)
+				n.mu.Unlock()
+			}
 		}
 	}
+}
+
+// batchDelete deletes up to MaxBatchIPs addresses of one ENI; addresses the
+// cloud no longer has count as deleted.
+func (i *IPAM) batchDelete(ctx context.Context, eniID string, addrs []netip.Addr) error {
+	strs := make([]string, len(addrs))
+	for k, a := range addrs {
+		strs[k] = a.String()
+	}
+	err := i.deps.Cloud.BatchDeletePrivateIPs(ctx, eniID, strs)
+	if errors.Is(err, cloud.ErrPrivateIPNotFound) {
+		return nil
+	}
+	return err
 }
 
 func (n *node) setBackoff(eniID string, b pool.Backoff) {

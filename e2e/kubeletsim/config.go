@@ -26,9 +26,15 @@ type Config struct {
 	// cluster. Defaults to "kubelet-sim".
 	Name string
 	// CNIEndpoint is the host:port of the rpc.CNIBackend service the
-	// simulated CNI plugin calls (the reference plugin's "endpoint"). Required
-	// by Run.
+	// simulated CNI plugin calls (the reference plugin's "endpoint"). Run
+	// requires it or CNIEndpoints.
 	CNIEndpoint string
+	// CNIEndpoints are more CNI service addresses, e.g. one per IPAM
+	// replica. With several endpoints (CNIEndpoint included) every
+	// AllocateIP / ReleaseIP call goes to one of them picked at random, so
+	// calls spread over the replicas and a retry after a failure usually
+	// reaches another one, as a Service in front of the replicas would do.
+	CNIEndpoints []string
 	// Namespace limits the pods the simulator schedules and runs; empty means
 	// every namespace.
 	Namespace string
@@ -89,6 +95,7 @@ type Config struct {
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Name, "name", "kubelet-sim", "simulator name: value of the "+LabelSimulator+" label on the nodes it registers and serves")
 	fs.StringVar(&c.CNIEndpoint, "cni-endpoint", "", "host:port of the IPAM's CNI gRPC service (rpc.CNIBackend) (required)")
+	fs.StringSliceVar(&c.CNIEndpoints, "cni-endpoints", nil, "more CNI service addresses (comma-separated); each call goes to a random one of all endpoints")
 	fs.StringVar(&c.Namespace, "namespace", "", "only schedule and run pods of this namespace; empty means all")
 	fs.IntVar(&c.Workers, "workers", 32, "pods handled at once (binds, CNI calls, status writes)")
 	fs.BoolVar(&c.NoScheduling, "no-scheduling", false, "do not bind unscheduled pods (leave them to a real scheduler)")
@@ -129,6 +136,20 @@ func setDefault[T comparable](p *T, v T) {
 	if *p == zero {
 		*p = v
 	}
+}
+
+// endpoints returns every CNI endpoint, CNIEndpoint first, without
+// duplicates or empty entries.
+func (c Config) endpoints() []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, e := range append([]string{c.CNIEndpoint}, c.CNIEndpoints...) {
+		if e != "" && !seen[e] {
+			seen[e] = true
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // Validate reports settings that cannot work, after defaults. The node

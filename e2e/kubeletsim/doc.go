@@ -19,7 +19,9 @@
 // grace 0, as kubelet finishes a deletion. Pods are handled by a fixed number
 // of workers over one work queue, never a goroutine per pod. With
 // Config.NodeLeasePeriod set, one more goroutine renews every node's
-// heartbeat Lease, as kubelet does.
+// heartbeat Lease, as kubelet does. With several CNI endpoints
+// (Config.CNIEndpoints, e.g. one per IPAM replica) each call goes to one
+// picked at random, as through a Service.
 //
 //	sim, _ := kubeletsim.New(kubeletsim.Config{
 //		CNIEndpoint: "127.0.0.1:9997", ClusterID: "cce-1", VPCID: "vpc-1",

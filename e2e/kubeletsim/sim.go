@@ -123,17 +123,22 @@ type runState struct {
 // workers. It blocks until ctx ends and returns after every goroutine it
 // started has exited. Call it once per Simulator.
 func (s *Simulator) Run(ctx context.Context) error {
-	if s.cfg.CNIEndpoint == "" {
-		return errors.New("kubeletsim: Config.CNIEndpoint is required")
+	endpoints := s.cfg.endpoints()
+	if len(endpoints) == 0 {
+		return errors.New("kubeletsim: Config.CNIEndpoint or CNIEndpoints is required")
 	}
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("kubeletsim: Run called twice")
 	}
-	conn, err := grpc.NewClient(s.cfg.CNIEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return fmt.Errorf("kubeletsim: CNI endpoint: %w", err)
+	var clients spreadClient
+	for _, ep := range endpoints {
+		conn, err := grpc.NewClient(ep, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return fmt.Errorf("kubeletsim: CNI endpoint %s: %w", ep, err)
+		}
+		defer conn.Close()
+		clients = append(clients, rpc.NewCNIBackendClient(conn))
 	}
-	defer conn.Close()
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.deps.Kube.CoreV1().Events("")})
@@ -165,7 +170,7 @@ func (s *Simulator) Run(ctx context.Context) error {
 
 	rt := &runState{
 		events: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet"}),
-		cni:    rpc.NewCNIBackendClient(conn),
+		cni:    clients.client(),
 		pods:   podFactory.Core().V1().Pods().Lister(),
 		index:  podInformer.GetIndexer(),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -222,7 +227,7 @@ func (s *Simulator) Run(ctx context.Context) error {
 		return nil // ctx ended first
 	}
 	close(s.synced)
-	s.log.Info("kubelet simulator running", "name", s.cfg.Name, "cni", s.cfg.CNIEndpoint, "workers", s.cfg.Workers)
+	s.log.Info("kubelet simulator running", "name", s.cfg.Name, "cni", endpoints, "workers", s.cfg.Workers)
 
 	var wg sync.WaitGroup
 	if s.cfg.NodeLeasePeriod > 0 {

@@ -1,0 +1,424 @@
+package fleet
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/e2e/cluster"
+	"github.com/cce-ipam/sharded/e2e/invariants"
+	"github.com/cce-ipam/sharded/e2e/kubeletsim"
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
+)
+
+// Fleet is a running bce-sim, cce-ipam replicas and kubelet simulator on a
+// control plane. Its exported fields are read-only.
+type Fleet struct {
+	// Cluster is the control plane the fleet started; nil when it was given
+	// one.
+	Cluster *cluster.Cluster
+	// Config and Kubeconfig reach the control plane.
+	Config     *rest.Config
+	Kubeconfig string
+	Kube       kubernetes.Interface
+	CCE        cceclient.Interface
+	// Cloud is a BCE client of the fleet's bce-sim (generous budget), for
+	// tests and the invariant checker.
+	Cloud *cloud.Client
+	// The cloud world the replicas serve.
+	ClusterID, VPCID, SubnetID, SecurityGroup string
+	// Dir holds the logs.
+	Dir string
+
+	opts       Options
+	sharded    bool
+	gossipKey  string // file paths, shared by every replica
+	forwardKey string
+	sim        *proc
+	simURL     string
+
+	mu        sync.Mutex
+	replicas  []*Replica
+	nextIndex int
+	nodes     []string
+	apiserver *proc // a restarted kube-apiserver (see RestartAPIServer)
+
+	kubeletMu     sync.Mutex
+	kubelet       *kubeletsim.Simulator
+	kubeletStop   context.CancelFunc
+	kubeletDone   chan error
+	kubeletLog    *slog.Logger
+	kubeletLogOut *os.File
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New starts a fleet: the control plane when Options has none, bce-sim, the
+// replicas (waiting until each is ready), and the kubelet simulator with
+// its nodes. On error everything it started is stopped again. Close stops
+// it all.
+func New(ctx context.Context, opts Options) (*Fleet, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
+	defer cancel()
+	f := &Fleet{opts: opts, Dir: opts.Dir, ClusterID: "cce-" + opts.Name, VPCID: "vpc-" + opts.Name,
+		SubnetID: "sbn-" + opts.Name, SecurityGroup: "g-" + opts.Name}
+	if err := f.start(ctx); err != nil {
+		return nil, errors.Join(err, f.Close())
+	}
+	return f, nil
+}
+
+func (f *Fleet) start(ctx context.Context) error {
+	o := &f.opts
+	for _, b := range []string{"cce-ipam", "bce-sim"} {
+		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
+			return fmt.Errorf("fleet: %s missing in %s (run `make binaries`): %w", b, o.BinDir, err)
+		}
+	}
+	if f.Dir == "" {
+		dir, err := os.MkdirTemp("", "cce-ipam-fleet-")
+		if err != nil {
+			return err
+		}
+		f.Dir = dir
+	} else if err := os.MkdirAll(f.Dir, 0o755); err != nil {
+		return err
+	}
+	sharded, err := shardingFlags(filepath.Join(o.BinDir, "cce-ipam"))
+	if err != nil {
+		return err
+	}
+	f.sharded = sharded
+	if o.Replicas > 1 && !sharded {
+		return fmt.Errorf("fleet: %d replicas asked for, but %s has no --memberlist-* flags yet (sharding, issue #5); only one replica may run",
+			o.Replicas, filepath.Join(o.BinDir, "cce-ipam"))
+	}
+
+	if o.Config == nil {
+		o.Logger.Info("starting control plane")
+		if err := os.MkdirAll(filepath.Join(f.Dir, "control-plane"), 0o755); err != nil {
+			return err
+		}
+		cp, err := cluster.Start(ctx, cluster.Options{BinDir: o.BinDir, ControllerManager: true,
+			Dir: filepath.Join(f.Dir, "control-plane")})
+		if err != nil {
+			return fmt.Errorf("fleet: control plane: %w", err)
+		}
+		f.Cluster = cp
+		root, err := moduleRoot()
+		if err != nil {
+			root = filepath.Dir(o.BinDir)
+		}
+		if err := cp.InstallCRDs(ctx, filepath.Join(root, "charts", "cce-ipam", "crds")); err != nil {
+			return fmt.Errorf("fleet: %w", err)
+		}
+		f.Config, f.Kubeconfig = cp.Config, cp.Kubeconfig
+	} else {
+		f.Config, f.Kubeconfig = o.Config, o.Kubeconfig
+	}
+	if f.Kube, err = kubernetes.NewForConfig(f.Config); err != nil {
+		return err
+	}
+	if f.CCE, err = cceclient.NewForConfig(f.Config); err != nil {
+		return err
+	}
+
+	if err := f.startSim(ctx); err != nil {
+		return err
+	}
+	if f.Cloud, err = cloud.New(cloud.Config{Endpoint: f.simURL, Region: Region, AccessKeyID: AccessKey,
+		SecretAccessKey: SecretKey, Rate: 1000, Burst: 1000}, slog.New(slog.DiscardHandler), prometheus.NewRegistry()); err != nil {
+		return err
+	}
+	if f.sharded {
+		if f.gossipKey, err = writeKey(f.Dir, "gossip.key"); err != nil {
+			return err
+		}
+		if f.forwardKey, err = writeKey(f.Dir, "forward.key"); err != nil {
+			return err
+		}
+	}
+	for range o.Replicas {
+		if _, err := f.AddReplica(ctx); err != nil {
+			return err
+		}
+	}
+	if o.NoKubelet {
+		return nil
+	}
+	if o.Nodes > 0 {
+		if _, err := f.AddNodes(ctx, o.Nodes); err != nil {
+			return err
+		}
+	}
+	return f.startKubelet()
+}
+
+// shardingFlags reports whether the cce-ipam binary has the memberlist
+// flags, i.e. whether several replicas may run.
+func shardingFlags(bin string) (bool, error) {
+	out, err := exec.Command(bin, "--help").CombinedOutput()
+	if err != nil && len(out) == 0 {
+		return false, fmt.Errorf("fleet: %s --help: %w", bin, err)
+	}
+	return strings.Contains(string(out), "--memberlist-bind-addr"), nil
+}
+
+func writeKey(dir, name string) (string, error) {
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, name)
+	return path, os.WriteFile(path, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600)
+}
+
+// Sharded reports whether the replicas run with the sharding flags (the
+// cce-ipam binary has them). Without them only one replica may run.
+func (f *Fleet) Sharded() bool { return f.sharded }
+
+// Options returns the options the fleet runs with, defaults filled in.
+func (f *Fleet) Options() Options { return f.opts }
+
+// Replicas returns every replica ever added, removed ones included, in
+// index order.
+func (f *Fleet) Replicas() []*Replica {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*Replica(nil), f.replicas...)
+}
+
+// Live returns the replicas not removed (running, stopped or killed).
+func (f *Fleet) Live() []*Replica {
+	var out []*Replica
+	for _, r := range f.Replicas() {
+		if !r.Removed() {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Replica returns the replica with index i (indexes are never reused).
+func (f *Fleet) Replica(i int) *Replica {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range f.replicas {
+		if r.index == i {
+			return r
+		}
+	}
+	return nil
+}
+
+// CNIAddrs returns the gRPC addresses of the replicas not removed.
+func (f *Fleet) CNIAddrs() []string {
+	var out []string
+	for _, r := range f.Live() {
+		out = append(out, r.GRPCAddr())
+	}
+	return out
+}
+
+// Nodes returns the names of the nodes the fleet registered and did not
+// delete.
+func (f *Fleet) Nodes() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.nodes...)
+}
+
+// SimulatorName is the kubelet simulator's name: the value of
+// kubeletsim.LabelSimulator on the fleet's nodes.
+func (f *Fleet) SimulatorName() string { return f.opts.Name }
+
+// NodeSelector selects the fleet's nodes.
+func (f *Fleet) NodeSelector() labels.Selector {
+	return labels.SelectorFromSet(labels.Set{kubeletsim.LabelSimulator: f.SimulatorName()})
+}
+
+// Checker returns an invariant checker for the fleet: nodes are the fleet's
+// (unless cfg.NodeSelector is set) and the cloud is its bce-sim, ENIs named
+// <cluster-id>/... .
+func (f *Fleet) Checker(cfg invariants.Config) (*invariants.Checker, error) {
+	if cfg.NodeSelector == nil {
+		cfg.NodeSelector = f.NodeSelector()
+	}
+	return invariants.New(cfg, f.Kube, f.CCE, invariants.ProviderView(f.Cloud, f.VPCID, f.ClusterID+"/"))
+}
+
+// AddNodes registers n more simulated nodes (instance, pre-attached ENI,
+// IPPool, Node) and returns their names.
+func (f *Fleet) AddNodes(ctx context.Context, n int) ([]string, error) {
+	f.mu.Lock()
+	from := len(f.nodes)
+	for _, name := range f.nodes {
+		var k int
+		if _, err := fmt.Sscanf(strings.TrimPrefix(name, f.opts.Name+"-"), "%d", &k); err == nil && k+1 > from {
+			from = k + 1
+		}
+	}
+	f.mu.Unlock()
+	names := kubeletsim.NodeNames(f.opts.Name, from, n)
+	reg, err := kubeletsim.New(f.kubeletConfig(), kubeletsim.Deps{Kube: f.Kube, CCE: f.CCE,
+		Instances: kubeletsim.AdminInstances(f.simURL, nil), ENIs: f.Cloud}, nil, prometheus.NewRegistry())
+	if err != nil {
+		return nil, err
+	}
+	infos, err := reg.RegisterNodes(ctx, names)
+	f.mu.Lock()
+	for _, in := range infos {
+		f.nodes = append(f.nodes, in.Name)
+	}
+	f.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("fleet: register nodes: %w", err)
+	}
+	f.opts.Logger.Info("nodes registered", "count", len(infos))
+	return names, nil
+}
+
+// DeleteNode deletes a node object (as a scale-in would); its IPPool stays,
+// as the node agent's would until GC. The kubelet simulator stops serving it.
+func (f *Fleet) DeleteNode(ctx context.Context, name string) error {
+	if err := f.Kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, n := range f.nodes {
+		if n == name {
+			f.nodes = append(f.nodes[:i], f.nodes[i+1:]...)
+			break
+		}
+	}
+	return nil
+}
+
+// Close stops everything the fleet started, in reverse order: the kubelet
+// simulator, the replicas (SIGTERM, SIGKILL after 10s), the fleet's nodes
+// and IPPools when the control plane was given (so the next fleet on it
+// does not see them), bce-sim, and the control plane it started. It is
+// safe to call more than once.
+func (f *Fleet) Close() error {
+	f.closeOnce.Do(func() {
+		var errs []error
+		errs = append(errs, f.stopKubelet())
+		if f.kubeletLogOut != nil {
+			_ = f.kubeletLogOut.Close()
+		}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for _, r := range f.Replicas() {
+			wg.Go(func() {
+				if err := r.stopProc(10 * time.Second); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if f.Cluster == nil && f.Kube != nil {
+			errs = append(errs, f.deleteObjects())
+		}
+		if f.Cloud != nil {
+			f.Cloud.Close()
+		}
+		if f.sim != nil {
+			errs = append(errs, f.sim.stop(5*time.Second))
+		}
+		f.mu.Lock()
+		api := f.apiserver
+		f.mu.Unlock()
+		if api != nil {
+			errs = append(errs, api.stop(10*time.Second))
+		}
+		if f.Cluster != nil {
+			errs = append(errs, f.Cluster.Close())
+		}
+		f.closeErr = errors.Join(errs...)
+		if f.closeErr == nil && f.opts.Dir == "" && !f.opts.KeepDir && f.Dir != "" {
+			f.closeErr = os.RemoveAll(f.Dir)
+		}
+	})
+	return f.closeErr
+}
+
+// deleteObjects removes the fleet's nodes and IPPools from a shared control
+// plane.
+func (f *Fleet) deleteObjects() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sel := metav1.ListOptions{LabelSelector: f.NodeSelector().String()}
+	err1 := f.Kube.CoreV1().Nodes().DeleteCollection(ctx, metav1.DeleteOptions{}, sel)
+	err2 := f.CCE.CceV1alpha1().IPPools(cce.IPPoolNamespace).DeleteCollection(ctx, metav1.DeleteOptions{}, sel)
+	if err := errors.Join(err1, err2); err != nil {
+		return fmt.Errorf("fleet: delete nodes and IPPools: %w", err)
+	}
+	return nil
+}
+
+// LogTails returns the last lines of every log, for failure reports.
+func (f *Fleet) LogTails(lines int) string {
+	var b strings.Builder
+	for _, r := range f.Replicas() {
+		fmt.Fprintf(&b, "==> replica %d (%s) <==\n%s\n", r.index, r.logPath, r.Logs(lines))
+	}
+	fmt.Fprintf(&b, "==> bce-sim <==\n%s\n", logTail(filepath.Join(f.Dir, "bce-sim.log"), lines/2))
+	fmt.Fprintf(&b, "==> kubelet-sim <==\n%s\n", logTail(filepath.Join(f.Dir, "kubelet-sim.log"), lines/2))
+	if f.Cluster != nil {
+		b.WriteString(f.Cluster.Logs(lines / 4))
+	}
+	return b.String()
+}
+
+// freePorts returns n distinct free TCP ports on 127.0.0.1 (listeners held
+// until all are chosen). A port also serving UDP (memberlist) is checked
+// for UDP too.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var closers []func() error
+	defer func() {
+		for _, c := range closers {
+			_ = c()
+		}
+	}()
+	for len(ports) < n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		closers = append(closers, l.Close)
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // the UDP port is taken: try another
+		}
+		closers = append(closers, u.Close)
+		ports = append(ports, port)
+	}
+	return ports, nil
+}

@@ -1,0 +1,175 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"k8s.io/client-go/rest"
+
+	"github.com/cce-ipam/sharded/cloud/bcesim"
+	"github.com/cce-ipam/sharded/e2e/kubeletsim"
+)
+
+// Credentials bce-sim accepts and every replica uses.
+const (
+	AccessKey = "AKFLEET"
+	SecretKey = "SKfleetSecret"
+	Region    = "bj"
+	Zone      = "cn-bj-a"
+)
+
+// Options shape a fleet. Zero values get the documented defaults.
+type Options struct {
+	// Config and Kubeconfig name an existing control plane (both are
+	// needed: the test talks through Config, the replicas read
+	// Kubeconfig). When both are empty the fleet starts its own with
+	// e2e/cluster (etcd, kube-apiserver, kube-controller-manager), and only
+	// then can RestartAPIServer work.
+	Config     *rest.Config
+	Kubeconfig string
+	// BinDir holds cce-ipam and bce-sim (and the control-plane binaries
+	// when the fleet starts its own). Defaults to $CCE_IPAM_BIN_DIR, else
+	// bin/ at the root of this module.
+	BinDir string
+	// Dir receives the logs: bce-sim.log and replica-<i>.log. Defaults to a
+	// new temporary directory, removed by Close unless KeepDir.
+	Dir     string
+	KeepDir bool
+
+	// Name prefixes the cluster ID (cce-<name>), VPC, subnet, security
+	// group, node names (<name>-NNNNN) and the simulator label, so that
+	// several fleets may use one control plane one after the other.
+	// Lower-case letters, digits and dashes. Defaults to "fleet".
+	Name string
+	// Replicas is the number of cce-ipam processes at start. Defaults to 1.
+	// More than one needs the sharding flags (--memberlist-*), see
+	// Fleet.Sharded.
+	Replicas int
+	// Nodes is the number of simulated BCC nodes registered at start.
+	// Defaults to 3; AddNodes registers more later.
+	Nodes int
+
+	// SubnetCIDR is the nodes' subnet. Defaults to 10.20.0.0/16. A small
+	// one (e.g. a /27) makes pool exhaustion easy to reach.
+	SubnetCIDR string
+	// InstanceCPUs and InstanceMemoryGB size every simulated instance
+	// (max ENIs = min(cpus,8), IPs per ENI from memory). Default 8 and 64.
+	InstanceCPUs, InstanceMemoryGB int
+	// AttachDelay is bce-sim's ENI attach time. Defaults to 200ms.
+	AttachDelay time.Duration
+	// SimRateLimits override bce-sim's per-operation limits (the defaults
+	// are BCE's documented ones); QPS 0 lifts a limit. NoSimRateLimits
+	// turns every limit off.
+	SimRateLimits   map[bcesim.Op]bcesim.RateLimit
+	NoSimRateLimits bool
+	// SimArgs are appended to bce-sim's command line.
+	SimArgs []string
+
+	// BCERate and BCEBurst are each replica's client-side budget
+	// (--bce-rate, --bce-burst). Default 50 and 20.
+	BCERate  float64
+	BCEBurst int
+	// IdleMin and IdleMax are the warm pool bounds. Default 2 and 6.
+	IdleMin, IdleMax int
+	// LeaseNamespace is where sharded replicas keep their Leases
+	// (--namespace). Defaults to kube-system.
+	LeaseNamespace string
+	// LogLevel of the replicas. Defaults to info.
+	LogLevel string
+	// ReplicaArgs are appended to every replica's command line, after the
+	// fleet's own flags (a later flag wins). ReplicaArgsFunc, when set,
+	// adds per-replica flags after those (it sees the replica index).
+	ReplicaArgs     []string
+	ReplicaArgsFunc func(index int) []string
+
+	// NoKubelet starts no kubelet simulator (and registers no nodes).
+	NoKubelet bool
+	// Kubelet overrides the simulator's config; the fleet fills in the
+	// CNI endpoints, names and cloud placement. Unset: 16 workers, CNI
+	// timeout 15s, retries 200ms..5s, node heartbeats every 10s.
+	Kubelet kubeletsim.Config
+
+	// StartTimeout bounds Start. Defaults to 3 minutes (a loaded 2-core
+	// machine).
+	StartTimeout time.Duration
+	// Logger receives the fleet's own progress lines. Defaults to none.
+	Logger *slog.Logger
+}
+
+var namePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
+
+func (o *Options) defaults() error {
+	if (o.Config == nil) != (o.Kubeconfig == "") {
+		return errors.New("fleet: give both Config and Kubeconfig, or neither")
+	}
+	if o.BinDir == "" {
+		o.BinDir = os.Getenv("CCE_IPAM_BIN_DIR")
+	}
+	if o.BinDir == "" {
+		root, err := moduleRoot()
+		if err != nil {
+			return fmt.Errorf("fleet: find bin/ (set CCE_IPAM_BIN_DIR or Options.BinDir): %w", err)
+		}
+		o.BinDir = filepath.Join(root, "bin")
+	}
+	setDefault(&o.Name, "fleet")
+	if !namePattern.MatchString(o.Name) {
+		return fmt.Errorf("fleet: name %q: want lower-case letters, digits and dashes", o.Name)
+	}
+	setDefault(&o.Replicas, 1)
+	setDefault(&o.Nodes, 3)
+	setDefault(&o.SubnetCIDR, "10.20.0.0/16")
+	setDefault(&o.InstanceCPUs, 8)
+	setDefault(&o.InstanceMemoryGB, 64)
+	setDefault(&o.AttachDelay, 200*time.Millisecond)
+	setDefault(&o.BCERate, 50)
+	setDefault(&o.BCEBurst, 20)
+	setDefault(&o.IdleMin, 2)
+	setDefault(&o.IdleMax, 6)
+	setDefault(&o.LeaseNamespace, "kube-system")
+	setDefault(&o.LogLevel, "info")
+	setDefault(&o.StartTimeout, 3*time.Minute)
+	setDefault(&o.Kubelet.Workers, 16)
+	setDefault(&o.Kubelet.CNITimeout, 15*time.Second)
+	setDefault(&o.Kubelet.RetryBase, 200*time.Millisecond)
+	setDefault(&o.Kubelet.RetryMax, 5*time.Second)
+	setDefault(&o.Kubelet.NodeLeasePeriod, 10*time.Second)
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Replicas < 0 || o.Nodes < 0 {
+		return errors.New("fleet: replicas and nodes must not be negative")
+	}
+	return nil
+}
+
+func setDefault[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+// moduleRoot walks up from the working directory to this module's go.mod.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
+			regexp.MustCompile(`(?m)^module\s+github\.com/cce-ipam/sharded\s*$`).Match(data) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod of github.com/cce-ipam/sharded above the working directory")
+		}
+		dir = parent
+	}
+}

@@ -30,6 +30,7 @@ build:
 ## tools: build the pinned test tools into bin/ (idempotent).
 tools:
 	@e2e/tools/build.sh $(BIN)
+	@charts/tools/install-prometheus.sh
 
 ## lint: gofmt and go vet must be clean (also with the integration tag).
 lint:
@@ -71,3 +72,26 @@ demo: tools binaries
 
 clean:
 	rm -rf $(BIN)
+
+## chart (issue #7): the Helm chart, its docs and the container image.
+IMAGE       ?= cce-ipam:$(shell awk '/^appVersion:/ {gsub(/"/, "", $$2); print $$2}' charts/cce-ipam/Chart.yaml)
+IMAGE_SIM   ?= cce-ipam-bce-sim:$(lastword $(subst :, ,$(IMAGE)))
+CHART       := charts/cce-ipam
+.PHONY: image chart-docs helm-lint
+
+## image: build the cce-ipam image (and bce-sim's, for kind e2e) with docker or podman.
+image:
+	@engine=$$(command -v docker || command -v podman || true); \
+	if [ -z "$$engine" ]; then echo "make image: neither docker nor podman is installed; install one to build $(IMAGE)" >&2; exit 1; fi; \
+	if ! "$$engine" info >/dev/null 2>&1; then echo "make image: $$engine is installed but cannot reach its daemon/runtime ($$engine info failed)" >&2; exit 1; fi; \
+	"$$engine" build --target cce-ipam -t $(IMAGE) . && \
+	"$$engine" build --target bce-sim -t $(IMAGE_SIM) .
+
+## chart-docs: regenerate the values table of charts/cce-ipam/README.md from values.yaml.
+chart-docs:
+	$(GO) run ./charts/tools/valuesdoc -values $(CHART)/values.yaml -readme $(CHART)/README.md
+
+## helm-lint: helm lint with the default values and with every ci/ values file.
+helm-lint: tools
+	$(BIN)/helm lint $(CHART)
+	@for f in $(CHART)/ci/*-values.yaml; do echo "helm lint -f $$f"; $(BIN)/helm lint $(CHART) -f $$f || exit 1; done

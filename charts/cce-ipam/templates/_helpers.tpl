@@ -1,0 +1,78 @@
+{{/* Chart name, truncated to 63 characters. */}}
+{{- define "cce-ipam.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: <release>-<chart> unless the release name already contains the chart name. */}}
+{{- define "cce-ipam.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "cce-ipam.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "cce-ipam.labels" -}}
+helm.sh/chart: {{ include "cce-ipam.chart" . }}
+{{ include "cce-ipam.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "cce-ipam.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cce-ipam.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "cce-ipam.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "cce-ipam.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Headless Service of the replicas: memberlist join DNS and metrics. */}}
+{{- define "cce-ipam.peersService" -}}
+{{- printf "%s-peers" (include "cce-ipam.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "cce-ipam.bceSecretName" -}}
+{{- default (printf "%s-bce" (include "cce-ipam.fullname" .)) .Values.bce.credentials.existingSecret }}
+{{- end }}
+
+{{- define "cce-ipam.gossipSecretName" -}}
+{{- default (printf "%s-gossip" (include "cce-ipam.fullname" .)) .Values.memberlist.gossipKey.existingSecret }}
+{{- end }}
+
+{{/* The key of the gossip key in its Secret: the chart's own Secret always uses gossip-key. */}}
+{{- define "cce-ipam.gossipSecretKey" -}}
+{{- if .Values.memberlist.gossipKey.existingSecret }}
+{{- .Values.memberlist.gossipKey.secretKey }}
+{{- else }}
+{{- "gossip-key" }}
+{{- end }}
+{{- end }}
+
+{{- define "cce-ipam.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* host:port for a listener: listenAddress (empty = every interface) and a port. */}}
+{{- define "cce-ipam.listen" -}}
+{{- $host := .root.Values.listenAddress }}
+{{- if contains ":" $host }}
+{{- printf "[%s]:%v" $host .port }}
+{{- else }}
+{{- printf "%s:%v" $host .port }}
+{{- end }}
+{{- end }}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/baidubce/bce-sdk-go/bce"
@@ -25,6 +26,7 @@ type Client struct {
 	m         *metrics
 	log       *slog.Logger
 	secrets   []string // redacted from every error message
+	gate      atomic.Pointer[func() error]
 }
 
 var _ Provider = (*Client)(nil)
@@ -70,6 +72,26 @@ func (c *Client) SetRate(rate float64, burst int64) error {
 	return nil
 }
 
+// SetGate installs a check made before every attempt, before and after the
+// token wait: while it returns an error no request is sent (the call fails
+// with class Canceled). The shard layer closes the gate of a replica whose
+// lease is at risk, so a paused or cut-off replica spends none of the
+// cluster's budget. nil removes the gate.
+func (c *Client) SetGate(gate func() error) {
+	if gate == nil {
+		c.gate.Store(nil)
+		return
+	}
+	c.gate.Store(&gate)
+}
+
+func (c *Client) gateErr() error {
+	if g := c.gate.Load(); g != nil {
+		return (*g)()
+	}
+	return nil
+}
+
 // Rate returns the current client-side rate and burst.
 func (c *Client) Rate() (float64, int64) { return c.limiter.Rate() }
 
@@ -90,8 +112,15 @@ func (c *Client) redact(s string) string {
 // is timed and counted; the final result is counted once by class.
 func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet) error) error {
 	for attempt := 0; ; attempt++ {
+		if err := c.gateErr(); err != nil {
+			c.m.calls.WithLabelValues(op, ClassCanceled.String()).Inc()
+			return &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: "gated: " + err.Error(), cause: err}
+		}
 		waited, err := c.limiter.Wait(ctx)
 		c.m.wait.WithLabelValues(op).Observe(waited.Seconds())
+		if err == nil {
+			err = c.gateErr()
+		}
 		if err != nil {
 			e := &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: err.Error(), cause: err}
 			c.m.calls.WithLabelValues(op, e.Class.String()).Inc()

@@ -1,12 +1,12 @@
-// Command cce-ipam is one replica of the ENI IPAM for Baidu Cloud CCE: it
-// serves the CNI gRPC service (rpc.CNIBackend), keeps the warm pools of the
-// nodes it serves, and records assignments as WorkloadEndpoints.
-//
-// Until the shard layer lands, a replica serves every BCC node of the
-// cluster and runs the Subnet controller; run one replica.
+// Command cce-ipam is one replica of the sharded ENI IPAM for Baidu Cloud
+// CCE. Replicas find each other with memberlist, hash the nodes into
+// partitions, and each serves the CNI gRPC service (rpc.CNIBackend) for the
+// nodes of the partitions it holds, forwarding other calls to their owner.
+// Ownership is fenced by Leases in the API server (see shard/DESIGN.md).
 //
 //	cce-ipam --kubeconfig ~/.kube/config --cluster-id cce-abc --vpc-id vpc-1 \
-//	    --bce-endpoint 127.0.0.1:8080 --bce-region bj --bce-credentials-dir /etc/bce
+//	    --bce-endpoint 127.0.0.1:8080 --bce-region bj --bce-credentials-dir /etc/bce \
+//	    --memberlist-join-dns cce-ipam-members.kube-system.svc --memberlist-gossip-key-file /etc/gossip/key
 package main
 
 import (
@@ -18,6 +18,9 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -37,35 +40,59 @@ import (
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 	"github.com/cce-ipam/sharded/ipamcore/subnet"
+	"github.com/cce-ipam/sharded/membership"
+	"github.com/cce-ipam/sharded/shard"
 )
+
+// version is stamped at build time (-ldflags "-X main.version=...").
+var version = "dev"
 
 type options struct {
 	kubeconfig    string
 	grpcListen    string
 	metricsListen string
 	logLevel      string
+	kubeQPS       float32
+	kubeBurst     int
 	cloud         cloud.Config
 	ipam          ipam.Config
 	cni           cni.Config
 	subnet        subnet.Config
+	members       membership.Config
+	leader        membership.LeaderConfig
+	shard         shard.Config
 }
 
 func main() {
 	var o options
 	fs := pflag.NewFlagSet("cce-ipam", pflag.ContinueOnError)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config")
-	fs.StringVar(&o.grpcListen, "grpc-listen", ":9997", "address of the CNI gRPC service (rpc.CNIBackend)")
-	fs.StringVar(&o.metricsListen, "metrics-listen", ":9998", "address of /metrics, /healthz and /readyz")
+	fs.StringVar(&o.grpcListen, "grpc-listen", ":9997", "address of the CNI gRPC service (rpc.CNIBackend), also used by other replicas to forward calls")
+	fs.StringVar(&o.metricsListen, "metrics-listen", ":9998", "address of /metrics, /healthz, /readyz and /shard/status")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.Float32Var(&o.kubeQPS, "kube-api-qps", 50, "queries per second to the API server (client-side limit; lease renewals have their own)")
+	fs.IntVar(&o.kubeBurst, "kube-api-burst", 100, "burst of queries to the API server")
 	o.cloud.RegisterFlags(fs)
 	o.ipam.RegisterFlags(fs)
 	o.cni.RegisterFlags(fs)
 	o.subnet.RegisterFlags(fs)
+	o.members.RegisterFlags(fs)
+	o.leader.RegisterFlags(fs)
+	o.shard.RegisterFlags(fs)
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return
 		}
 		os.Exit(2)
+	}
+	if !fs.Changed("leader-elect-lease-namespace") {
+		o.leader.Namespace = "" // follow --namespace
+	}
+	if !fs.Changed("memberlist-name-prefix") && os.Getenv("POD_NAME") != "" {
+		o.members.NamePrefix = os.Getenv("POD_NAME")
+	}
+	if !fs.Changed("memberlist-advertise-addr") && os.Getenv("POD_IP") != "" {
+		o.members.AdvertiseAddr = os.Getenv("POD_IP")
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
@@ -81,34 +108,26 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, o options, log *slog.Logger) error {
-	for _, v := range []interface{ Validate() error }{&o.cloud, o.ipam, &o.cni, o.subnet} {
+func run(sigCtx context.Context, o options, log *slog.Logger) error {
+	start := time.Now()
+	for _, v := range []interface{ Validate() error }{&o.cloud, o.ipam, &o.cni, o.subnet, o.shard} {
 		if err := v.Validate(); err != nil {
 			return err
 		}
+	}
+	if o.shard.Namespace == "" {
+		o.shard.Namespace = os.Getenv("POD_NAMESPACE")
+	}
+	if o.shard.Namespace == "" {
+		o.shard.Namespace = "kube-system"
+	}
+	if o.leader.Namespace == "" {
+		o.leader.Namespace = o.shard.Namespace
 	}
 	restCfg, err := kubeConfig(o.kubeconfig)
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	provider, err := cloud.New(o.cloud, log.With("component", "cloud"), reg)
-	if err != nil {
-		return err
-	}
-	defer provider.Close()
-	cceClient := cceclient.NewForConfigOrDie(restCfg)
-	core, err := ipam.New(o.ipam, ipam.Deps{
-		Kube:  kubernetes.NewForConfigOrDie(restCfg),
-		CCE:   cceClient,
-		Cloud: provider,
-	}, log.With("component", "ipam"), reg)
-	if err != nil {
-		return err
-	}
-
 	grpcLis, err := net.Listen("tcp", o.grpcListen)
 	if err != nil {
 		return fmt.Errorf("listen for gRPC: %w", err)
@@ -117,27 +136,132 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen for metrics: %w", err)
 	}
-	gs := grpc.NewServer()
-	rpc.RegisterCNIBackendServer(gs, cni.NewServer(o.cni, core, log.With("component", "cni"), reg))
+	addrs := shard.Addresses{
+		GRPC: advertised(grpcLis.Addr(), o.members.AdvertiseAddr),
+		HTTP: advertised(metricsLis.Addr(), o.members.AdvertiseAddr),
+	}
+	if o.members.GRPCAddr == "" {
+		o.members.GRPCAddr = addrs.GRPC
+	} else {
+		addrs.GRPC = o.members.GRPCAddr
+	}
+	o.members.NamePrefix = strings.ToLower(o.members.NamePrefix)
+	o.members.Version = version
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	provider, err := cloud.New(o.cloud, log.With("component", "cloud"), reg)
+	if err != nil {
+		return err
+	}
+	defer provider.Close()
+	members, err := membership.New(o.members, start, log.With("component", "membership"), reg)
+	if err != nil {
+		return err
+	}
+	self := members.Name()
+	log = log.With("member", self)
+	restCfg.QPS, restCfg.Burst = o.kubeQPS, o.kubeBurst
+	restCfg.UserAgent = "cce-ipam/" + version
+	kube := kubernetes.NewForConfigOrDie(restCfg)
+	cceClient := cceclient.NewForConfigOrDie(restCfg)
+	// Lease renewals and claims get a client of their own, so that a busy
+	// IPAM cannot starve the fence of its renewals.
+	leaseCfg := rest.CopyConfig(restCfg)
+	leaseCfg.QPS, leaseCfg.Burst = 100, 300
+	leaseKube := kubernetes.NewForConfigOrDie(leaseCfg)
+
+	var elector *membership.Elector
+	leader := func() bool { return elector != nil && elector.IsLeader() }
+	core, err := ipam.New(o.ipam, ipam.Deps{Kube: kube, CCE: cceClient, Cloud: provider, IsLeader: leader},
+		log.With("component", "ipam"), reg)
+	if err != nil {
+		return err
+	}
+	coord, err := shard.New(o.shard, self, addrs, shard.Deps{
+		Kube: leaseKube, Nodes: core, NodeInformer: core.NodeInformer(),
+		Budget: provider, GlobalRate: o.cloud.Rate, GlobalBurst: o.cloud.Burst,
+	}, log.With("component", "shard"), reg)
+	if err != nil {
+		return err
+	}
+	core.SetFence(coord)
+	provider.SetGate(coord.Gate)
+
+	var leaderName atomic.Value // string
+	leaderName.Store("")
+	subnets := subnet.NewController(o.subnet, cceClient, provider, log.With("component", "subnet"), reg)
+	elector, err = membership.NewElector(o.leader, kube, self, membership.LeaderCallbacks{
+		// The singletons: the Subnet controller (and, through IsLeader,
+		// the sweep of IPPools of deleted nodes).
+		OnStartedLeading: func(ctx context.Context) {
+			if err := subnets.Run(ctx); err != nil && ctx.Err() == nil {
+				log.Error("subnet controller stopped", "err", err)
+			}
+		},
+		OnNewLeader: func(id string) { leaderName.Store(id) },
+	}, log.With("component", "leader"), reg)
+	if err != nil {
+		return err
+	}
+
+	keyFile := o.shard.ForwardKeyFile
+	if keyFile == "" {
+		keyFile = o.members.GossipKeyFile
+	}
+	var key []byte
+	if keyFile != "" {
+		if key, err = membership.LoadGossipKey(keyFile); err != nil {
+			return fmt.Errorf("forward key: %w", err)
+		}
+	} else {
+		log.Warn("no forward key (--shard-forward-key-file or --memberlist-gossip-key-file): calls forwarded between replicas are NOT authenticated")
+	}
+	router := shard.NewRouter(coord, core, core, shard.NewAuthenticator(key), log.With("component", "router"))
+	defer router.Close()
+
+	gs := grpc.NewServer(grpc.UnaryInterceptor(router.UnaryInterceptor))
+	rpc.RegisterCNIBackendServer(gs, cni.NewServer(o.cni, router, log.With("component", "cni"), reg))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		select {
-		case <-core.Ready():
-			_, _ = w.Write([]byte("ok"))
-		default:
-			http.Error(w, "caches not synced", http.StatusServiceUnavailable)
+		if err := ready(core, members, coord); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
 		}
+		_, _ = w.Write([]byte("ok"))
 	})
+	mux.Handle("/shard/", coord.StatusHandler(func() (string, bool) { return leaderName.Load().(string), elector.IsLeader() },
+		func(node string) (any, error) { return core.Stats(node) }))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	log.Info("cce-ipam starting", "grpc", grpcLis.Addr().String(), "metrics", metricsLis.Addr().String())
+	log.Info("cce-ipam starting", "version", version, "grpc", grpcLis.Addr().String(), "metrics", metricsLis.Addr().String(),
+		"advertise", addrs, "namespace", o.shard.Namespace)
 
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return core.Run(ctx) })
-	g.Go(func() error { return core.ServeAllNodes(ctx) })
+	// Everything but the coordinator runs until the coordinator has handed
+	// its nodes over: a leaving replica keeps forwarding CNI calls meanwhile.
+	baseCtx, cancelBase := context.WithCancel(context.Background())
+	defer cancelBase()
+	g, gctx := errgroup.WithContext(baseCtx)
+	coordCtx, cancelCoord := context.WithCancel(sigCtx)
+	defer cancelCoord()
+	stopCoord := context.AfterFunc(gctx, cancelCoord)
+	defer stopCoord()
+
+	g.Go(func() error { return core.Run(gctx) })
+	g.Go(func() error { return members.Run(gctx) })
 	g.Go(func() error {
-		return subnet.NewController(o.subnet, cceClient, provider, log.With("component", "subnet"), reg).Run(ctx)
+		for ev := range members.Events() {
+			log.Debug("membership event", "event", ev.Type.String(), "member", ev.Member.Name)
+			coord.Kick()
+		}
+		return nil
+	})
+	g.Go(func() error { return elector.Run(gctx) })
+	g.Go(func() error {
+		err := coord.Run(coordCtx)
+		cancelBase()
+		return err
 	})
 	g.Go(func() error { return gs.Serve(grpcLis) })
 	g.Go(func() error {
@@ -147,13 +271,55 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		return nil
 	})
 	g.Go(func() error {
-		<-ctx.Done()
+		<-gctx.Done()
 		gs.GracefulStop()
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		return hs.Shutdown(shutdownCtx)
 	})
 	return g.Wait()
+}
+
+// ready: caches synced, gossip up, lease held and every owned node built.
+func ready(core *ipam.IPAM, members *membership.Membership, coord *shard.Coordinator) error {
+	select {
+	case <-core.Ready():
+	default:
+		return errors.New("caches not synced")
+	}
+	select {
+	case <-members.Started():
+	default:
+		return errors.New("gossip not started")
+	}
+	return coord.Ready()
+}
+
+// advertised is the address peers reach a listener at: the listener's host
+// unless it is unspecified, then the advertise IP (the pod IP), else the
+// first private address of this host.
+func advertised(a net.Addr, advertiseIP string) string {
+	tcp := a.(*net.TCPAddr)
+	host := tcp.IP.String()
+	if tcp.IP.IsUnspecified() {
+		host = advertiseIP
+		if host == "" {
+			host = firstPrivateIP()
+		}
+	}
+	return net.JoinHostPort(host, strconv.Itoa(tcp.Port))
+}
+
+func firstPrivateIP() string {
+	addrs, err := net.InterfaceAddrs()
+	if err == nil {
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.IsPrivate() {
+				return ipn.IP.String()
+			}
+		}
+	}
+	return "127.0.0.1"
 }
 
 func kubeConfig(path string) (*rest.Config, error) {

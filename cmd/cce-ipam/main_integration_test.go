@@ -144,7 +144,8 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 	grpcAddr, metricsAddr := freeAddr(t), freeAddr(t)
 	ipamCmd, _ := startProcess(t, ipamBin, "--kubeconfig", cp.Kubeconfig, "--cluster-id", "cce-bin", "--vpc-id", vpc,
 		"--bce-endpoint", simAddr, "--bce-region", "bj", "--bce-access-key-id", ak, "--bce-secret-access-key", sk,
-		"--grpc-listen", grpcAddr, "--metrics-listen", metricsAddr, "--pool-check-period", "1s")
+		"--grpc-listen", grpcAddr, "--metrics-listen", metricsAddr, "--pool-check-period", "1s",
+		"--memberlist-bind-addr", "127.0.0.1", "--memberlist-bind-port", "0", "--namespace", ns)
 
 	waitHTTP(t, "http://"+metricsAddr+"/readyz")
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))

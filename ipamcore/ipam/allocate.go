@@ -32,10 +32,11 @@ func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, erro
 	if err != nil {
 		return cni.Endpoint{}, err
 	}
-	n, ok := i.node(pod.Spec.NodeName)
+	n, done, ok := i.acquire(pod.Spec.NodeName)
 	if !ok {
 		return cni.Endpoint{}, fmt.Errorf("%w: %s", ErrNodeNotServed, pod.Spec.NodeName)
 	}
+	defer done()
 	// A repeated ADD of the same sandbox gets the same answer.
 	if wep, err := i.weps.WorkloadEndpoints(ref.Namespace).Get(ref.Name); err == nil &&
 		wep.Spec.ContainerID == ref.ContainerID && wep.Spec.Node == n.name {
@@ -142,6 +143,8 @@ func (i *IPAM) tryTake(ctx context.Context, n *node, req datastore.Request, dead
 		return datastore.IPInfo{}, true, nil
 	case <-deadline:
 		return datastore.IPInfo{}, false, fmt.Errorf("%w %s after %s: %v", ErrPoolExhausted, n.name, i.cfg.AllocateWait, n.lastError())
+	case <-n.stopping:
+		return datastore.IPInfo{}, false, fmt.Errorf("%w: %s (hand-over)", ErrNodeNotServed, n.name)
 	case <-ctx.Done():
 		return datastore.IPInfo{}, false, ctx.Err()
 	}
@@ -149,6 +152,9 @@ func (i *IPAM) tryTake(ctx context.Context, n *node, req datastore.Request, dead
 
 // commit writes the WorkloadEndpoint: the allocation's commit point.
 func (i *IPAM) commit(ctx context.Context, pod *corev1.Pod, n *node, info datastore.IPInfo) (*cce.WorkloadEndpoint, error) {
+	if err := i.mayAct(n.name); err != nil {
+		return nil, err
+	}
 	want := i.newWEP(pod, n, info)
 	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(pod.Namespace)
 	wep, err := client.Create(ctx, want, metav1.CreateOptions{})
@@ -260,4 +266,30 @@ func endpointOf(w *cce.WorkloadEndpoint) cni.Endpoint {
 		EnableFixIP:       w.Spec.EnableFixIP,
 		FixIPDeletePolicy: w.Spec.FixIPDeletePolicy,
 	}
+}
+
+// PodNode returns the node the pod is bound to, for routing a call to the
+// node's owner (cache first, the API server when the cache may be behind).
+func (i *IPAM) PodNode(ctx context.Context, ref cni.PodRef) (string, error) {
+	pod, err := i.getPod(ctx, ref)
+	if err != nil {
+		return "", err
+	}
+	return pod.Spec.NodeName, nil
+}
+
+// EndpointNode returns the node of the pod's WorkloadEndpoint, for routing a
+// release; ok=false when the pod has none (nothing to release anywhere).
+func (i *IPAM) EndpointNode(ctx context.Context, ref cni.PodRef) (string, bool, error) {
+	wep, err := i.weps.WorkloadEndpoints(ref.Namespace).Get(ref.Name)
+	if apierrors.IsNotFound(err) {
+		wep, err = i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	}
+	if apierrors.IsNotFound(err) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("get WorkloadEndpoint %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	return wep.Spec.Node, true, nil
 }

@@ -221,7 +221,7 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 	now := i.deps.Clock.Now()
 	for _, name := range i.ServedNodes() {
 		n, ok := i.node(name)
-		if !ok {
+		if !ok || i.mayAct(name) != nil {
 			continue
 		}
 		var inUse []cloud.ENI
@@ -243,7 +243,7 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 		if len(parts) != 4 {
 			continue
 		}
-		if _, ok := i.node(parts[2]); !ok {
+		if _, ok := i.node(parts[2]); !ok || i.mayAct(parts[2]) != nil {
 			continue
 		}
 		if err := i.deps.Cloud.DeleteENI(ctx, e.ID); err == nil {

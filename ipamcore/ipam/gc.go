@@ -49,7 +49,7 @@ func (i *IPAM) CollectGarbage(ctx context.Context) {
 		if addr, err := netip.ParseAddr(w.Spec.IP); err == nil {
 			named[addr] = datastore.PodKey{Namespace: w.Namespace, Name: w.Name}
 		}
-		if _, ok := i.node(w.Spec.Node); !ok {
+		if _, ok := i.node(w.Spec.Node); !ok || i.mayAct(w.Spec.Node) != nil {
 			continue
 		}
 		switch kind, ok := i.wepGarbage(ctx, w); {
@@ -61,7 +61,10 @@ func (i *IPAM) CollectGarbage(ctx context.Context) {
 		}
 	}
 	i.collectLeakedIPs(ctx, named)
-	i.collectLeakedIPPools(ctx)
+	// Pools of deleted nodes belong to no shard: one replica sweeps them.
+	if i.deps.IsLeader == nil || i.deps.IsLeader() {
+		i.collectLeakedIPPools(ctx)
+	}
 	i.metrics.gcDuration.Observe(i.deps.Clock.Since(start).Seconds())
 }
 
@@ -177,6 +180,9 @@ func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datast
 	seen := map[netip.Addr]bool{}
 	var oldest time.Duration
 	for _, nodeName := range i.ServedNodes() {
+		if i.mayAct(nodeName) != nil {
+			continue
+		}
 		snap, err := i.store.Snapshot(nodeName)
 		if err != nil {
 			continue

@@ -17,6 +17,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 
@@ -35,7 +36,24 @@ type Deps struct {
 	Cloud cloud.Provider
 	// Clock defaults to the real clock; tests pass a fake.
 	Clock clock.WithTicker
+	// Fence, when set, is asked before every write for a node (a
+	// WorkloadEndpoint, an IPPool status, a cloud mutation): the shard layer
+	// answers no once this replica may no longer act for the node. Nil means
+	// a single replica that always may.
+	Fence Fence
+	// IsLeader, when set, gates the cluster-wide GC duties (IPPools of
+	// deleted nodes) to one replica. Nil means always.
+	IsLeader func() bool
 }
+
+// Fence is the shard layer's answer to "may this replica still write for
+// this node". It must be cheap: it is on the allocation path.
+type Fence interface {
+	MayAct(node string) error
+}
+
+// ErrFenced wraps a Fence's refusal.
+var ErrFenced = errors.New("fenced: this replica may no longer act for the node")
 
 // ErrNodeNotServed is returned for a pod whose node this IPAM does not serve
 // (yet): the caller routes the request to the node's owner or retries.
@@ -178,24 +196,88 @@ func (i *IPAM) Ready() <-chan struct{} { return i.ready }
 // cloud's ENIs and a quorum read of its WorkloadEndpoints, then starts the
 // node's pool worker. Serving a node twice is a no-op.
 func (i *IPAM) ServeNode(ctx context.Context, name string) error {
+	return i.ServeNodes(ctx, []string{name})[name]
+}
+
+// ServeNodes serves several nodes at once, as a takeover does: the cloud's
+// ENIs come from one VPC-wide paginated list (one call per 1000 ENIs, not one
+// per node), each node's WorkloadEndpoints from a quorum read. It returns the
+// nodes that could not be served, with why; the others are served.
+func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error {
+	errs := map[string]error{}
 	select {
 	case <-i.ready:
 	case <-ctx.Done():
-		return ctx.Err()
+		for _, name := range names {
+			errs[name] = ctx.Err()
+		}
+		return errs
 	}
 	i.mu.Lock()
-	if _, ok := i.served[name]; ok {
-		i.mu.Unlock()
-		return nil
-	}
 	runCtx := i.runCtx
+	var todo []string
+	for _, name := range names {
+		if _, ok := i.served[name]; !ok {
+			todo = append(todo, name)
+		}
+	}
 	i.mu.Unlock()
 	if runCtx.Err() != nil {
-		return ErrNotRunning
+		for _, name := range todo {
+			errs[name] = ErrNotRunning
+		}
+		return errs
+	}
+	if len(todo) == 0 {
+		return errs
 	}
 
 	start := i.deps.Clock.Now()
-	n, err := i.rebuild(ctx, name)
+	// One list for all: it must be taken now, after the caller won the
+	// nodes, so that it holds every ENI and IP the previous owner added.
+	enis, err := i.deps.Cloud.ListENIs(ctx, cloud.ListENIsOptions{VPCID: i.cfg.VPCID, NamePrefix: i.cfg.ClusterID + "/"})
+	if err != nil {
+		for _, name := range todo {
+			i.metrics.rebuilds.WithLabelValues("error").Inc()
+			errs[name] = fmt.Errorf("serve node %s: list ENIs: %w", name, err)
+		}
+		return errs
+	}
+	byInstance := map[string][]cloud.ENI{}
+	for _, e := range enis {
+		if e.InstanceID != "" {
+			byInstance[e.InstanceID] = append(byInstance[e.InstanceID], e)
+		}
+	}
+
+	var (
+		mu  sync.Mutex
+		wg  sync.WaitGroup
+		sem = make(chan struct{}, rebuildConcurrency)
+	)
+	for _, name := range todo {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			err := i.serveRebuilt(ctx, runCtx, name, byInstance, start)
+			if err != nil {
+				mu.Lock()
+				errs[name] = err
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// rebuildConcurrency bounds the quorum reads of a takeover.
+const rebuildConcurrency = 8
+
+func (i *IPAM) serveRebuilt(ctx, runCtx context.Context, name string, byInstance map[string][]cloud.ENI, start time.Time) error {
+	n, err := i.rebuild(ctx, name, byInstance)
 	if err != nil {
 		i.metrics.rebuilds.WithLabelValues("error").Inc()
 		return fmt.Errorf("serve node %s: %w", name, err)
@@ -223,9 +305,10 @@ func (i *IPAM) ServeNode(ctx context.Context, name string) error {
 	return nil
 }
 
-// StopServingNode stops the node's pool worker, waits for it, and drops the
-// node's state. Other nodes are untouched. Stopping an unserved node is a
-// no-op.
+// StopServingNode stops taking calls for the node, waits for the calls in
+// flight and the pool worker, and drops the node's state. Other nodes are
+// untouched. Stopping an unserved node is a no-op. After it returns this
+// replica writes nothing more for the node, so another may take it over.
 func (i *IPAM) StopServingNode(name string) {
 	i.mu.Lock()
 	n, ok := i.served[name]
@@ -235,9 +318,35 @@ func (i *IPAM) StopServingNode(name string) {
 		return
 	}
 	n.stop()
+	n.inflight.Wait()
 	<-n.done
 	_, _ = i.store.RemoveNode(name)
 	i.log.Info("stopped serving node", "node", name)
+}
+
+// acquire returns a served node for one CNI call and registers the call, so
+// that StopServingNode waits for it; done must be called.
+func (i *IPAM) acquire(name string) (*node, func(), bool) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	n, ok := i.served[name]
+	if !ok {
+		return nil, nil, false
+	}
+	n.inflight.Add(1)
+	return n, n.inflight.Done, true
+}
+
+// mayAct asks the fence (if any) whether a write for the node may go ahead.
+func (i *IPAM) mayAct(node string) error {
+	if i.deps.Fence == nil {
+		return nil
+	}
+	if err := i.deps.Fence.MayAct(node); err != nil {
+		i.metrics.fenced.Inc()
+		return fmt.Errorf("%w %s: %v", ErrFenced, node, err)
+	}
+	return nil
 }
 
 // ServedNodes returns the names of the nodes being served.
@@ -268,3 +377,13 @@ func (i *IPAM) node(name string) (*node, bool) {
 func (i *IPAM) PodFromCache(namespace, name string) (*corev1.Pod, error) {
 	return i.pods.Pods(namespace).Get(name)
 }
+
+// NodeInformer is the IPAM's shared Node informer, for the shard layer to
+// follow the same cache (started by Run).
+func (i *IPAM) NodeInformer() cache.SharedIndexInformer {
+	return i.kubeInformers.Core().V1().Nodes().Informer()
+}
+
+// SetFence installs the shard layer's fence after New (the fence needs the
+// IPAM to exist first). Call it before Run.
+func (i *IPAM) SetFence(f Fence) { i.deps.Fence = f }

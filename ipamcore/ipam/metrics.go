@@ -24,6 +24,7 @@ type metrics struct {
 	gcDuration   prometheus.Histogram
 	leakSuspects prometheus.Gauge
 	leakOldest   prometheus.Gauge
+	fenced       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -62,6 +63,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		leakOldest: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_leaked_ip_oldest_suspect_age_seconds", Help: "Age of the oldest leaked-IP suspect.",
+		}),
+		fenced: f.NewCounter(prometheus.CounterOpts{
+			Name: "cce_ipam_fenced_writes_total", Help: "Writes for a node refused because this replica may no longer act for it (ownership moved or lease at risk).",
 		}),
 	}
 }

@@ -26,9 +26,12 @@ type node struct {
 	instanceID string
 	capacity   pool.Capacity // from the node's annotations
 
-	wake   chan struct{} // capacity 1: a pending wake-up is never lost, never queued twice
-	cancel context.CancelFunc
-	done   chan struct{}
+	wake     chan struct{} // capacity 1: a pending wake-up is never lost, never queued twice
+	cancel   context.CancelFunc
+	done     chan struct{}
+	stopping chan struct{}  // closed by stop: waiting allocations give up
+	inflight sync.WaitGroup // CNI calls on the node (see IPAM.acquire)
+	stopOnce sync.Once
 
 	mu       sync.Mutex
 	missing  map[string]int          // ENI ID → syncs in a row that did not see it
@@ -50,6 +53,7 @@ func newNode(name, instanceID string, capacity pool.Capacity) *node {
 		capacity:   capacity,
 		wake:       make(chan struct{}, 1),
 		done:       make(chan struct{}),
+		stopping:   make(chan struct{}),
 		missing:    map[string]int{},
 		backoff:    map[string]pool.Backoff{},
 		refilled:   make(chan struct{}),
@@ -65,6 +69,7 @@ func (n *node) poke() {
 }
 
 func (n *node) stop() {
+	n.stopOnce.Do(func() { close(n.stopping) })
 	if n.cancel != nil {
 		n.cancel()
 	}
@@ -107,12 +112,17 @@ func instanceIDFromProviderID(providerID string) (string, error) {
 }
 
 // rebuild builds a node's datastore entry from the cloud's ENIs of its
-// instance and a quorum read of the WorkloadEndpoints on it (not the informer
-// cache, which may lag behind a previous owner's last commits).
-func (i *IPAM) rebuild(ctx context.Context, name string) (*node, error) {
-	k8sNode, err := i.deps.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+// instance (byInstance: a VPC-wide list taken after the node was won) and a
+// quorum read of the WorkloadEndpoints on it (not the informer cache, which
+// may lag behind a previous owner's last commits).
+func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][]cloud.ENI) (*node, error) {
+	// The node object only gives the instance and capacity, which do not
+	// change: the cache will do, the API server when the cache lacks it.
+	k8sNode, err := i.nodes.Get(name)
 	if err != nil {
-		return nil, fmt.Errorf("get node: %w", err)
+		if k8sNode, err = i.deps.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return nil, fmt.Errorf("get node: %w", err)
+		}
 	}
 	instanceID, err := instanceIDFromProviderID(k8sNode.Spec.ProviderID)
 	if err != nil {
@@ -125,14 +135,8 @@ func (i *IPAM) rebuild(ctx context.Context, name string) (*node, error) {
 		i.log.Warn("node capacity annotations malformed; using defaults", "node", name, "err", err)
 	}
 
-	cloudENIs, err := i.deps.Cloud.ListENIs(ctx, cloud.ListENIsOptions{
-		VPCID: i.cfg.VPCID, InstanceID: instanceID, NamePrefix: i.cfg.ClusterID + "/",
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list ENIs of %s: %w", instanceID, err)
-	}
 	in := datastore.RestoreInput{}
-	for _, e := range cloudENIs {
+	for _, e := range byInstance[instanceID] {
 		if e.Status != cloud.ENIStatusInUse || e.InstanceID != instanceID {
 			continue // attaching or detaching ENIs carry no pod IPs yet
 		}
@@ -206,7 +210,10 @@ func (i *IPAM) toDatastoreENI(ctx context.Context, e cloud.ENI, maxIPs int) (dat
 // asks the cloud only when it is missing.
 func (i *IPAM) subnetCIDR(ctx context.Context, subnetID string) (netip.Prefix, error) {
 	var cidr string
-	sn, err := i.deps.CCE.CceV1alpha1().Subnets(cce.SubnetNamespace).Get(ctx, subnetID, metav1.GetOptions{})
+	sn, err := i.subnets.Subnets(cce.SubnetNamespace).Get(subnetID)
+	if err != nil {
+		sn, err = i.deps.CCE.CceV1alpha1().Subnets(cce.SubnetNamespace).Get(ctx, subnetID, metav1.GetOptions{})
+	}
 	switch {
 	case err == nil:
 		cidr = sn.Spec.CIDR

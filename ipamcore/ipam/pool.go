@@ -41,6 +41,9 @@ func (i *IPAM) poolWorker(ctx context.Context, n *node) {
 // what exceeds IdleMax and returns queued cross-subnet addresses.
 func (i *IPAM) balance(ctx context.Context, n *node) {
 	for round := 0; round < 10 && ctx.Err() == nil; round++ {
+		if i.mayAct(n.name) != nil {
+			return // the node is moving away; the next owner keeps its pool
+		}
 		st, ok := i.poolState(n)
 		if !ok {
 			return // the node was dropped

@@ -35,9 +35,13 @@ func (i *IPAM) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool,
 		i.log.Info("stale DEL ignored", "pod", ref.String(), "current", wep.Spec.ContainerID)
 		return cni.Endpoint{}, false, nil
 	}
-	n, ok := i.node(wep.Spec.Node)
+	n, done, ok := i.acquire(wep.Spec.Node)
 	if !ok {
 		return cni.Endpoint{}, false, fmt.Errorf("%w: %s", ErrNodeNotServed, wep.Spec.Node)
+	}
+	defer done()
+	if err := i.mayAct(n.name); err != nil {
+		return cni.Endpoint{}, false, err
 	}
 	if wep.IsFixedStatefulSet() {
 		// The IP stays reserved for the pod's next incarnation; GC frees

@@ -1,0 +1,242 @@
+package shard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The cloud budget split (I5). The cluster-wide rate and burst are divided
+// evenly among the live replicas. Every replica's share is published in one
+// object, the budget Lease, which is only ever changed by compare-and-swap:
+//   - a replica lowers its local limiter first, then publishes the lower
+//     share;
+//   - it raises only up to what the others' published shares leave, by a CAS
+//     on the object it read, and publishes before it raises locally.
+// So the published shares never sum above the global budget, and each
+// replica's actual rate is at most its published share. A replica whose
+// lease is at risk loses its share at once (its gate closes) and must win it
+// back by CAS; entries of replicas whose lease expired are dropped by
+// whoever raises next (an expired replica is fenced: it makes no calls).
+
+// Share is one replica's part of the budget.
+type Share struct {
+	Rate  float64 `json:"rate"`
+	Burst int64   `json:"burst"`
+}
+
+type budget struct {
+	c      *Coordinator
+	setter RateSetter
+	global Share
+
+	mu      sync.Mutex
+	share   Share // what the local limiter allows now
+	granted bool  // share published and in force
+	live    []string
+}
+
+func newBudget(c *Coordinator, setter RateSetter, rate float64, burst int64) *budget {
+	return &budget{c: c, setter: setter, global: Share{Rate: rate, Burst: burst}}
+}
+
+// errNoShare closes the cloud gate while this replica holds no budget.
+var errNoShare = errors.New("no share of the BCE budget yet")
+
+// Gate is the cloud client's gate: calls go only while the replica's lease
+// is valid and it holds a published share.
+func (c *Coordinator) Gate() error {
+	if !c.LeaseValid() {
+		return errors.New("replica lease not valid")
+	}
+	if c.budget.setter == nil {
+		return nil
+	}
+	c.budget.mu.Lock()
+	defer c.budget.mu.Unlock()
+	if !c.budget.granted || c.budget.share.Rate <= 0 {
+		return errNoShare
+	}
+	return nil
+}
+
+// Budget returns this replica's current share.
+func (c *Coordinator) Budget() Share {
+	c.budget.mu.Lock()
+	defer c.budget.mu.Unlock()
+	return c.budget.share
+}
+
+// observe takes the live set from the loop (called under c.mu).
+func (b *budget) observe(_ *coordv1.Lease, live []string) {
+	b.mu.Lock()
+	b.live = slices.Clone(live)
+	b.mu.Unlock()
+}
+
+// target is the even split: rate/n each, burst split in whole tokens (the
+// remainder to the first members by name), at least 1 token each.
+func target(global Share, live []string, self string) Share {
+	i := slices.Index(live, self)
+	if i < 0 || global.Rate <= 0 {
+		return Share{}
+	}
+	n := int64(len(live))
+	burst := global.Burst / n
+	if int64(i) < global.Burst%n {
+		burst++
+	}
+	return Share{Rate: global.Rate / float64(n), Burst: max(burst, 1)}
+}
+
+func (b *budget) loop(ctx context.Context) {
+	if b.setter == nil {
+		return
+	}
+	for ctx.Err() == nil {
+		b.adjust(ctx)
+		select {
+		case <-ctx.Done():
+		case <-b.c.clock.After(b.c.cfg.RenewPeriod / 2):
+		}
+	}
+}
+
+const rateEpsilon = 1e-9
+
+func (b *budget) adjust(ctx context.Context) {
+	b.mu.Lock()
+	live := b.live
+	cur, granted := b.share, b.granted
+	b.mu.Unlock()
+	if !b.c.LeaseValid() {
+		if granted {
+			b.c.log.Warn("lease at risk: giving up the budget share")
+			b.set(Share{}, false)
+		}
+		return
+	}
+	want := target(b.global, live, b.c.self)
+	switch {
+	case want.Rate < cur.Rate-rateEpsilon || want.Burst < cur.Burst:
+		// Lower locally first, then tell the others.
+		lower := Share{Rate: math.Min(want.Rate, cur.Rate), Burst: min(want.Burst, cur.Burst)}
+		b.set(lower, granted && lower.Rate > 0)
+		if err := b.publish(ctx, func(map[string]Share) Share { return lower }); err != nil {
+			b.c.log.Warn("publishing a lower budget share failed; retrying", "err", err)
+		}
+	case want.Rate > cur.Rate+rateEpsilon || want.Burst > cur.Burst || !granted:
+		var got Share
+		err := b.publish(ctx, func(shares map[string]Share) Share {
+			var others Share
+			for m, s := range shares {
+				if m != b.c.self {
+					others.Rate += s.Rate
+					others.Burst += s.Burst
+				}
+			}
+			got = Share{
+				Rate:  math.Max(0, math.Min(want.Rate, b.global.Rate-others.Rate)),
+				Burst: max(0, min(want.Burst, b.global.Burst-others.Burst)),
+			}
+			if got.Burst < 1 || got.Rate <= 0 {
+				got = cur // no headroom yet: keep what we have
+				if !granted {
+					got = Share{}
+				}
+			}
+			return got
+		})
+		if err != nil {
+			b.c.log.Debug("raising the budget share failed; retrying", "err", err)
+			return
+		}
+		if got.Rate > 0 && got.Burst >= 1 {
+			b.set(got, true)
+		}
+	}
+}
+
+// set applies a share to the local limiter.
+func (b *budget) set(s Share, granted bool) {
+	if s.Rate > 0 && s.Burst >= 1 {
+		if err := b.setter.SetRate(s.Rate, s.Burst); err != nil {
+			b.c.log.Error("setting the cloud rate failed", "err", err)
+			granted = false
+		}
+	}
+	b.mu.Lock()
+	changed := b.share != s || b.granted != granted
+	b.share, b.granted = s, granted
+	b.mu.Unlock()
+	b.c.metrics.budgetRate.Set(s.Rate)
+	b.c.metrics.budgetBurst.Set(float64(s.Burst))
+	if changed {
+		b.c.log.Info("budget share", "rate", s.Rate, "burst", s.Burst, "granted", granted)
+	}
+}
+
+// publish CASes this replica's entry (computed from the current shares by
+// mine) into the budget Lease, dropping entries of expired replicas.
+func (b *budget) publish(ctx context.Context, mine func(shares map[string]Share) Share) error {
+	client := b.c.kube.CoordinationV1().Leases(b.c.cfg.Namespace)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for attempt := 0; attempt < 5; attempt++ {
+		l, err := client.Get(ctx, budgetLeaseName, metav1.GetOptions{})
+		create := apierrors.IsNotFound(err)
+		if err != nil && !create {
+			return err
+		}
+		if create {
+			l = &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: budgetLeaseName, Labels: map[string]string{labelKind: kindBudget}}}
+		}
+		shares := map[string]Share{}
+		if raw := l.Annotations[annoShares]; raw != "" {
+			if err := json.Unmarshal([]byte(raw), &shares); err != nil {
+				// A corrupt object: start over; every replica re-publishes.
+				b.c.log.Warn("budget lease has unreadable shares; resetting", "err", err)
+				shares = map[string]Share{}
+			}
+		}
+		now := b.c.clock.Now()
+		b.c.mu.Lock()
+		for m := range shares {
+			if m != b.c.self && b.c.expiredLocked(m, now) {
+				delete(shares, m)
+			}
+		}
+		b.c.mu.Unlock()
+		s := mine(shares)
+		if s.Rate <= 0 {
+			delete(shares, b.c.self)
+		} else {
+			shares[b.c.self] = s
+		}
+		raw, _ := json.Marshal(shares)
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		l.Annotations[annoShares] = string(raw)
+		if create {
+			_, err = client.Create(ctx, l, metav1.CreateOptions{})
+		} else {
+			_, err = client.Update(ctx, l, metav1.UpdateOptions{})
+		}
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	}
+	return errors.New("budget lease: too many conflicts")
+}

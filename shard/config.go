@@ -1,0 +1,108 @@
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/spf13/pflag"
+)
+
+// Config configures a replica's Coordinator. Every replica of a cluster must
+// use the same Partitions and lease timings.
+type Config struct {
+	// Namespace holds the replica, partition-claim and budget Leases.
+	// Defaults to $POD_NAMESPACE, else kube-system.
+	Namespace string
+	// Ring shapes the consistent-hash ring.
+	Ring RingConfig
+	// LeaseDuration is how long others wait, from the last renewal they saw,
+	// before they take over a replica's partitions. Defaults to 6s.
+	LeaseDuration time.Duration
+	// RenewDeadline is how long after its last successful renewal a replica
+	// keeps serving by its own clock. It must be well below LeaseDuration:
+	// the gap absorbs clock-rate differences and the delay of the watch that
+	// shows others the renewal. Defaults to 4s.
+	RenewDeadline time.Duration
+	// RenewPeriod is how often the replica renews its Lease. Defaults to 1s.
+	RenewPeriod time.Duration
+	// OwnerWait bounds how long a CNI call waits for its node to have an
+	// owner (during a hand-over) before it fails with a retryable error.
+	// Defaults to 20s.
+	OwnerWait time.Duration
+	// ForwardKeyFile holds the base64 key that authenticates calls forwarded
+	// between replicas (HMAC-SHA256). Empty: the gossip key file is used; with
+	// neither, forwards are unauthenticated (a warning is logged).
+	ForwardKeyFile string
+	// LeaveTimeout bounds the graceful hand-over on shutdown. Defaults to 20s.
+	LeaveTimeout time.Duration
+}
+
+// RegisterFlags binds the config to --shard-* flags (and --namespace).
+func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
+	d := *c
+	d.defaults()
+	fs.StringVar(&c.Namespace, "namespace", d.Namespace, "namespace of the coordination Leases (replica leases, partition claims, budget); default $POD_NAMESPACE, else kube-system")
+	fs.IntVar(&c.Ring.Partitions, "shard-partitions", 271, "partitions the nodes hash into (a prime; the same on every replica)")
+	fs.DurationVar(&c.LeaseDuration, "shard-lease-duration", d.LeaseDuration, "how long other replicas wait after a replica's last lease renewal before taking over its nodes")
+	fs.DurationVar(&c.RenewDeadline, "shard-renew-deadline", d.RenewDeadline, "a replica stops serving when its lease was not renewed for this long (must be below --shard-lease-duration)")
+	fs.DurationVar(&c.RenewPeriod, "shard-renew-period", d.RenewPeriod, "how often a replica renews its lease")
+	fs.DurationVar(&c.OwnerWait, "shard-owner-wait", d.OwnerWait, "how long a CNI call waits for its node to get an owner before failing with a retryable error")
+	fs.StringVar(&c.ForwardKeyFile, "shard-forward-key-file", "", "file with the base64 key authenticating calls forwarded between replicas (default: the gossip key file)")
+	fs.DurationVar(&c.LeaveTimeout, "shard-leave-timeout", d.LeaveTimeout, "how long a graceful shutdown waits to hand its nodes over")
+}
+
+func (c *Config) defaults() {
+	if c.Namespace == "" {
+		c.Namespace = os.Getenv("POD_NAMESPACE")
+	}
+	if c.Namespace == "" {
+		c.Namespace = "kube-system"
+	}
+	c.Ring = c.Ring.withDefaults()
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = 6 * time.Second
+	}
+	if c.RenewDeadline == 0 {
+		c.RenewDeadline = 4 * time.Second
+	}
+	if c.RenewPeriod == 0 {
+		c.RenewPeriod = time.Second
+	}
+	if c.OwnerWait == 0 {
+		c.OwnerWait = 20 * time.Second
+	}
+	if c.LeaveTimeout == 0 {
+		c.LeaveTimeout = 20 * time.Second
+	}
+}
+
+// Validate reports a config that cannot work, after defaults.
+func (c Config) Validate() error {
+	c.defaults()
+	var errs []error
+	if err := c.Ring.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.LeaseDuration <= 0 || c.RenewDeadline <= 0 || c.RenewPeriod <= 0 || c.OwnerWait < 0 || c.LeaveTimeout < 0 {
+		errs = append(errs, errors.New("shard: lease timings must be positive"))
+	}
+	// The fence: a replica stops by RenewDeadline on its clock; others take
+	// over after LeaseDuration on theirs. A quarter of the duration is the
+	// least margin we accept for clock-rate drift and watch delay.
+	if c.RenewDeadline > c.LeaseDuration*3/4 {
+		errs = append(errs, fmt.Errorf("shard: renew deadline %s must be at most 3/4 of the lease duration %s", c.RenewDeadline, c.LeaseDuration))
+	}
+	if c.RenewPeriod*2 > c.RenewDeadline {
+		errs = append(errs, fmt.Errorf("shard: renew period %s must allow two renewals within the renew deadline %s", c.RenewPeriod, c.RenewDeadline))
+	}
+	return errors.Join(errs...)
+}
+
+// PartitionOf is the partition a node hashes into: the same value
+// Ring.Partition gives, without a ring (it depends on the count only).
+func PartitionOf(partitions int, node string) int {
+	return int(xxhash.Sum64String(node) % uint64(partitions))
+}

@@ -1,0 +1,851 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	coordlisters "k8s.io/client-go/listers/coordination/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// NodeServer is what the Coordinator drives: the IPAM of the nodes this
+// replica serves (ipam.IPAM implements it).
+type NodeServer interface {
+	// ServeNodes rebuilds and serves the nodes; it returns those that failed.
+	ServeNodes(ctx context.Context, names []string) map[string]error
+	// StopServingNode returns once nothing more is written for the node.
+	StopServingNode(name string)
+}
+
+// Addresses are how other replicas and ipamctl reach this one; they are
+// published on the replica's Lease.
+type Addresses struct {
+	GRPC string // host:port of the CNI gRPC service (forwarded calls)
+	HTTP string // host:port of /metrics and /shard/status
+}
+
+// Coordinator runs the fenced ownership (the pure Ownership) against the
+// API server for one replica: it renews the replica's Lease, claims and
+// releases partitions by compare-and-swap, tells the NodeServer which nodes
+// to serve, and answers the routing and fencing questions of the CNI path.
+type Coordinator struct {
+	cfg     Config
+	self    string
+	addrs   Addresses
+	kube    kubernetes.Interface
+	nodes   NodeServer
+	clock   clock.WithTicker
+	log     *slog.Logger
+	metrics *metrics
+	budget  *budget
+
+	leaseInformers informers.SharedInformerFactory
+	leases         coordlisters.LeaseNamespaceLister
+	nodeInformer   cache.SharedIndexInformer
+	nodeLister     corelisters.NodeLister
+
+	kick    chan struct{}
+	results chan func() // outcomes of I/O, applied on the loop goroutine
+
+	mu              sync.Mutex
+	own             *Ownership
+	leaseValidUntil time.Time
+	myLease         *coordv1.Lease // as last written
+	leaving         bool
+	ring            *Ring
+	live            []string
+	seen            map[string]observed // other replicas' leases as observed
+	written         map[int]writtenClaim
+	wantedSince     map[int]time.Time // partition became ours in the ring, not yet served
+	nodeState       map[string]nodeState
+	nodePartition   map[string]int
+	starting        bool
+	pendingIO       int // claims and releases in flight
+	retryAt         map[string]time.Time
+	stepped         bool
+	readyReason     string
+}
+
+// observed is what this replica last saw of another replica's Lease, and
+// since when by its own clock: expiry is judged on local time only.
+type observed struct {
+	version string // "" while absent
+	since   time.Time
+	leaving bool
+	grpc    string
+	http    string
+}
+
+// writtenClaim is a claim this replica wrote, kept until the watch shows it:
+// replaced is the version the write superseded.
+type writtenClaim struct {
+	claim    Claim
+	replaced string
+}
+
+type nodeState uint8
+
+const (
+	nodeAbsent nodeState = iota
+	nodeStarting
+	nodeUp
+	nodeStopping
+)
+
+// Deps are the Coordinator's connections.
+type Deps struct {
+	Kube  kubernetes.Interface
+	Nodes NodeServer
+	// NodeInformer is a shared Node informer (the IPAM's), started by its
+	// owner.
+	NodeInformer cache.SharedIndexInformer
+	// Budget receives this replica's share of the cloud budget; nil skips
+	// the split (tests).
+	Budget RateSetter
+	// GlobalRate and GlobalBurst are the cluster-wide BCE budget.
+	GlobalRate  float64
+	GlobalBurst int64
+	Clock       clock.WithTicker
+}
+
+// RateSetter is the cloud client's rate limit (cloud.Client implements it).
+type RateSetter interface {
+	SetRate(rate float64, burst int64) error
+}
+
+// New builds a Coordinator for member self. It starts nothing; Run does.
+func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Coordinator, error) {
+	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkMemberName(self); err != nil {
+		return nil, err
+	}
+	if deps.Kube == nil || deps.Nodes == nil || deps.NodeInformer == nil {
+		return nil, errors.New("shard: Kube, Nodes and NodeInformer are required")
+	}
+	if deps.Clock == nil {
+		deps.Clock = clock.RealClock{}
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	c := &Coordinator{
+		cfg: cfg, self: self, addrs: addrs, kube: deps.Kube, nodes: deps.Nodes, clock: deps.Clock, log: log,
+		metrics:       newMetrics(reg),
+		nodeInformer:  deps.NodeInformer,
+		nodeLister:    corelisters.NewNodeLister(deps.NodeInformer.GetIndexer()),
+		kick:          make(chan struct{}, 1),
+		results:       make(chan func(), 1024),
+		own:           NewOwnership(self, cfg.Ring.Partitions),
+		seen:          map[string]observed{},
+		written:       map[int]writtenClaim{},
+		wantedSince:   map[int]time.Time{},
+		nodeState:     map[string]nodeState{},
+		nodePartition: map[string]int{},
+		retryAt:       map[string]time.Time{},
+		readyReason:   "not started",
+	}
+	c.budget = newBudget(c, deps.Budget, deps.GlobalRate, deps.GlobalBurst)
+	c.leaseInformers = informers.NewSharedInformerFactoryWithOptions(deps.Kube, 0,
+		informers.WithNamespace(cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = labelKind }))
+	c.leases = c.leaseInformers.Coordination().V1().Leases().Lister().Leases(cfg.Namespace)
+	return c, nil
+}
+
+// Self is this replica's member name.
+func (c *Coordinator) Self() string { return c.self }
+
+// Kick makes the loop look again now (a membership change, say).
+func (c *Coordinator) Kick() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run creates and renews the replica Lease and runs the ownership loop until
+// ctx ends; then it hands its partitions over (Leave) within LeaveTimeout.
+func (c *Coordinator) Run(ctx context.Context) error {
+	inf := c.leaseInformers.Coordination().V1().Leases().Informer()
+	kick := func(any) { c.Kick() }
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: kick, DeleteFunc: kick, UpdateFunc: func(_, o any) { c.Kick() },
+	}); err != nil {
+		return err
+	}
+	if _, err := c.nodeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: kick, DeleteFunc: kick, UpdateFunc: func(_, o any) { c.Kick() },
+	}); err != nil {
+		return err
+	}
+	infCtx, stopInformers := context.WithCancel(context.Background())
+	c.leaseInformers.Start(infCtx.Done())
+	defer func() {
+		stopInformers()
+		c.leaseInformers.Shutdown()
+	}()
+	for typ, ok := range c.leaseInformers.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("shard: cache of %v did not sync", typ)
+		}
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), c.nodeInformer.HasSynced) {
+		return ctx.Err()
+	}
+
+	// The loop outlives ctx by the graceful leave.
+	loopCtx, stopLoop := context.WithCancel(context.Background())
+	defer stopLoop()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.renewLoop(loopCtx) }()
+	go func() { defer wg.Done(); c.budget.loop(loopCtx) }()
+
+	err := c.loop(ctx, loopCtx)
+	stopLoop()
+	wg.Wait()
+	return err
+}
+
+// loop is the only goroutine that changes the Ownership.
+func (c *Coordinator) loop(ctx, loopCtx context.Context) error {
+	tick := c.clock.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var leaveDeadline <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			if leaveDeadline == nil {
+				c.log.Info("leaving: handing partitions over", "timeout", c.cfg.LeaveTimeout)
+				c.mu.Lock()
+				c.leaving = true
+				c.mu.Unlock()
+				c.writeLease(loopCtx) // publish "leaving" so others drop us from the ring now
+				t := c.clock.NewTimer(c.cfg.LeaveTimeout)
+				defer t.Stop()
+				leaveDeadline = t.C()
+				ctx = context.Background() // do not fire again
+			}
+		case <-leaveDeadline:
+			c.log.Warn("leave timed out; remaining partitions move when our lease expires")
+			c.stopEverything()
+			return nil
+		case f := <-c.results:
+			f()
+		case <-c.kick:
+		case <-tick.C():
+		}
+		if err := c.step(loopCtx); err != nil {
+			return err
+		}
+		if leaveDeadline != nil && c.idle() {
+			c.log.Info("left: every partition handed over")
+			c.deleteLease()
+			return nil
+		}
+	}
+}
+
+// idle reports that nothing is claimed, served or in flight.
+func (c *Coordinator) idle() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for p := range c.cfg.Ring.Partitions {
+		if c.own.State(p) != Unowned {
+			return false
+		}
+	}
+	for _, st := range c.nodeState {
+		if st != nodeAbsent {
+			return false
+		}
+	}
+	return !c.starting && c.pendingIO == 0
+}
+
+// stopEverything stops serving every node (leave timed out).
+func (c *Coordinator) stopEverything() {
+	c.mu.Lock()
+	var names []string
+	for n, st := range c.nodeState {
+		if st != nodeAbsent {
+			names = append(names, n)
+		}
+	}
+	c.leaseValidUntil = time.Time{}
+	c.mu.Unlock()
+	for _, n := range names {
+		c.nodes.StopServingNode(n)
+	}
+}
+
+// step compares the world with the Ownership and starts the I/O it asks for.
+func (c *Coordinator) step(ctx context.Context) error {
+	now := c.clock.Now()
+	leases, err := c.leases.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	claims := make([]Claim, c.cfg.Ring.Partitions)
+	present := map[string]*coordv1.Lease{}
+	var budgetLease *coordv1.Lease
+	for _, l := range leases {
+		switch l.Labels[labelKind] {
+		case kindReplica:
+			if m := l.Annotations[annoMember]; m != "" {
+				present[m] = l
+			}
+		case kindPartition:
+			if p, ok := partitionFromLease(l.Name); ok && p < len(claims) {
+				claims[p] = Claim{Holder: ptr.Deref(l.Spec.HolderIdentity, ""), Version: l.ResourceVersion}
+			}
+		case kindBudget:
+			budgetLease = l
+		}
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// Our own writes win over a watch that has not caught up with them.
+	for p, w := range c.written {
+		switch {
+		case claims[p].Version == w.replaced:
+			claims[p] = w.claim
+		default:
+			delete(c.written, p)
+		}
+	}
+	c.observe(present, now)
+	live := c.liveLocked(now)
+	if !slices.Equal(live, c.live) || c.ring == nil && len(live) > 0 {
+		c.log.Info("ring members changed", "members", live, "was", c.live)
+		c.live = live
+		c.ring = nil
+		if len(live) > 0 {
+			ring, err := NewRing(c.cfg.Ring, live)
+			if err != nil {
+				return err
+			}
+			c.ring = ring
+		}
+	}
+	wanted := make([]string, c.cfg.Ring.Partitions)
+	if c.ring != nil {
+		wanted = c.ring.Table().Owners
+	}
+	for p := range wanted {
+		if wanted[p] == c.self && c.own.State(p) != Serving {
+			if _, ok := c.wantedSince[p]; !ok {
+				c.wantedSince[p] = now
+			}
+		} else if wanted[p] != c.self {
+			delete(c.wantedSince, p)
+		}
+	}
+	acts, err := c.own.Step(View{
+		Now: now, Wanted: wanted, Claims: claims, LeaseValidUntil: c.leaseValidUntil,
+		Expired: func(r string) bool { return c.expiredLocked(r, now) },
+	})
+	if err != nil {
+		return err
+	}
+	for _, a := range acts {
+		c.startAction(ctx, a, claims[a.Partition])
+	}
+	c.reconcileNodesLocked(ctx, now, claims)
+	c.budget.observe(budgetLease, live)
+	c.updateMetricsLocked(claims)
+	c.stepped = true
+	return nil
+}
+
+// observe records other replicas' Lease versions and when they changed.
+func (c *Coordinator) observe(present map[string]*coordv1.Lease, now time.Time) {
+	for m, l := range present {
+		if m == c.self {
+			continue
+		}
+		o := c.seen[m]
+		if o.version != l.ResourceVersion {
+			o.version, o.since = l.ResourceVersion, now
+		}
+		o.leaving = l.Annotations[annoLeaving] == "true"
+		o.grpc, o.http = l.Annotations[annoGRPC], l.Annotations[annoHTTP]
+		c.seen[m] = o
+	}
+	for m, o := range c.seen {
+		if _, ok := present[m]; !ok && o.version != "" {
+			o.version, o.since = "", now
+			c.seen[m] = o
+		}
+		if _, ok := present[m]; !ok && now.Sub(o.since) > 10*c.cfg.LeaseDuration {
+			delete(c.seen, m) // long gone: forget
+		}
+	}
+}
+
+// expiredLocked: r's Lease has not changed (or been absent) for a whole
+// LeaseDuration on our clock. A replica never seen counts as expired: its
+// claim can only be a leftover of a process that is gone.
+func (c *Coordinator) expiredLocked(r string, now time.Time) bool {
+	if r == c.self {
+		return false
+	}
+	o, ok := c.seen[r]
+	return !ok || now.Sub(o.since) >= c.cfg.LeaseDuration
+}
+
+// liveLocked lists the ring's members: replicas whose Lease is fresh and who
+// are not leaving, plus this one while its lease is valid.
+func (c *Coordinator) liveLocked(now time.Time) []string {
+	var live []string
+	if now.Before(c.leaseValidUntil) && !c.leaving {
+		live = append(live, c.self)
+	}
+	for m, o := range c.seen {
+		if o.version != "" && !o.leaving && !c.expiredLocked(m, now) {
+			live = append(live, m)
+		}
+	}
+	sort.Strings(live)
+	return live
+}
+
+// startAction launches the I/O of one Action; its outcome comes back through
+// c.results.
+func (c *Coordinator) startAction(ctx context.Context, a Action, claim Claim) {
+	switch a.Kind {
+	case ActClaim:
+		c.pendingIO++
+		go c.claim(ctx, a.Partition, claim)
+	case ActServe:
+		c.metrics.partitionsClaimed.Inc()
+	case ActStop:
+		// Nodes of the partition are stopped by reconcileNodesLocked; a
+		// draining partition is released once they all are.
+		c.log.Info("stopping partition", "partition", a.Partition, "draining", c.own.State(a.Partition) == Draining)
+		if c.own.State(a.Partition) == Unowned {
+			c.metrics.handovers.WithLabelValues("fenced").Inc()
+		}
+	case ActRelease:
+		c.pendingIO++
+		go func() {
+			c.release(ctx, a.Partition, a.Version)
+			c.results <- func() {
+				c.mu.Lock()
+				c.pendingIO--
+				c.mu.Unlock()
+			}
+		}()
+	}
+}
+
+// claim CASes the partition's claim to this replica.
+func (c *Coordinator) claim(ctx context.Context, p int, claim Claim) {
+	won, written, reason := c.claimIO(ctx, p, claim)
+	c.results <- func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.pendingIO--
+		if won {
+			c.written[p] = writtenClaim{claim: written, replaced: claim.Version}
+			c.metrics.handovers.WithLabelValues(reason).Inc()
+		}
+		if _, err := c.own.ClaimResult(p, won); err != nil {
+			c.log.Error("claim result", "partition", p, "err", err)
+		}
+	}
+}
+
+func (c *Coordinator) claimIO(ctx context.Context, p int, claim Claim) (bool, Claim, string) {
+	reason := "free"
+	if claim.Holder != "" && claim.Holder != c.self {
+		reason = "takeover"
+		// Confirm the holder's expiry with a quorum read: a stale watch
+		// must not make a live replica look dead.
+		c.mu.Lock()
+		o := c.seen[claim.Holder]
+		c.mu.Unlock()
+		l, err := c.kube.CoordinationV1().Leases(c.cfg.Namespace).Get(ctx, ReplicaLeaseName(claim.Holder), metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			if o.version != "" {
+				return false, Claim{}, "" // gone only now: wait a duration from here
+			}
+		case err != nil:
+			return false, Claim{}, ""
+		case l.ResourceVersion != o.version:
+			return false, Claim{}, "" // renewed since we looked
+		}
+	} else if claim.Holder == c.self {
+		reason = "reclaim"
+	}
+	client := c.kube.CoordinationV1().Leases(c.cfg.Namespace)
+	now := metav1.NewMicroTime(c.clock.Now())
+	if claim.Version == "" {
+		l, err := client.Create(ctx, &coordv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: PartitionLeaseName(p), Labels: map[string]string{labelKind: kindPartition}},
+			Spec:       coordv1.LeaseSpec{HolderIdentity: ptr.To(c.self), AcquireTime: &now},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			if !apierrors.IsAlreadyExists(err) {
+				c.log.Warn("claim failed", "partition", p, "err", err)
+			}
+			return false, Claim{}, ""
+		}
+		return true, Claim{Holder: c.self, Version: l.ResourceVersion}, reason
+	}
+	l := &coordv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: PartitionLeaseName(p), ResourceVersion: claim.Version,
+			Labels: map[string]string{labelKind: kindPartition}},
+		Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(c.self), AcquireTime: &now},
+	}
+	l, err := client.Update(ctx, l, metav1.UpdateOptions{})
+	if err != nil {
+		if !apierrors.IsConflict(err) {
+			c.log.Warn("claim failed", "partition", p, "err", err)
+		}
+		return false, Claim{}, ""
+	}
+	return true, Claim{Holder: c.self, Version: l.ResourceVersion}, reason
+}
+
+// release CASes a drained partition's claim to nobody; on a conflict it
+// re-reads and retries while the claim still names us.
+func (c *Coordinator) release(ctx context.Context, p int, version string) {
+	client := c.kube.CoordinationV1().Leases(c.cfg.Namespace)
+	for attempt := 0; attempt < 5 && ctx.Err() == nil; attempt++ {
+		l := &coordv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: PartitionLeaseName(p), ResourceVersion: version,
+				Labels: map[string]string{labelKind: kindPartition}},
+			Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To("")},
+		}
+		out, err := client.Update(ctx, l, metav1.UpdateOptions{})
+		if err == nil {
+			c.results <- func() {
+				c.mu.Lock()
+				c.written[p] = writtenClaim{claim: Claim{Version: out.ResourceVersion}, replaced: version}
+				c.mu.Unlock()
+			}
+			c.metrics.handovers.WithLabelValues("released").Inc()
+			return
+		}
+		cur, gerr := client.Get(ctx, PartitionLeaseName(p), metav1.GetOptions{})
+		if gerr != nil || ptr.Deref(cur.Spec.HolderIdentity, "") != c.self {
+			return // gone or someone else's: nothing of ours to release
+		}
+		version = cur.ResourceVersion
+	}
+}
+
+// reconcileNodesLocked starts and stops nodes so that exactly the BCC nodes
+// of Serving partitions are served, and completes the drain of partitions
+// whose nodes have all stopped.
+func (c *Coordinator) reconcileNodesLocked(ctx context.Context, now time.Time, claims []Claim) {
+	all, _ := c.nodeLister.List(labels.Everything())
+	exists := map[string]bool{}
+	var start []string
+	for _, n := range all {
+		if n.DeletionTimestamp != nil || !strings.HasPrefix(n.Spec.ProviderID, "cce://") {
+			continue
+		}
+		exists[n.Name] = true
+		p, ok := c.nodePartition[n.Name]
+		if !ok {
+			p = PartitionOf(c.cfg.Ring.Partitions, n.Name)
+			c.nodePartition[n.Name] = p
+		}
+		if c.own.State(p) == Serving && c.nodeState[n.Name] == nodeAbsent && !now.Before(c.retryAt[n.Name]) {
+			start = append(start, n.Name)
+		}
+	}
+	busy := map[int]bool{} // partitions with nodes not yet stopped
+	for name, st := range c.nodeState {
+		p := c.nodePartition[name]
+		if st != nodeAbsent {
+			busy[p] = true
+		}
+		if st == nodeUp && (c.own.State(p) != Serving || !exists[name]) {
+			c.nodeState[name] = nodeStopping
+			go func() {
+				c.nodes.StopServingNode(name)
+				c.results <- func() {
+					c.mu.Lock()
+					c.nodeState[name] = nodeAbsent
+					c.mu.Unlock()
+				}
+			}()
+		}
+		if st == nodeAbsent {
+			delete(c.nodeState, name)
+		}
+	}
+	for p := range c.cfg.Ring.Partitions {
+		if c.own.State(p) == Draining && !busy[p] {
+			acts, err := c.own.Stopped(p, claims[p].Version)
+			if err != nil {
+				c.log.Error("stopped", "partition", p, "err", err)
+				continue
+			}
+			for _, a := range acts {
+				c.startAction(ctx, a, claims[p])
+			}
+		}
+	}
+	if len(start) > 0 && !c.starting {
+		sort.Strings(start)
+		c.starting = true
+		for _, n := range start {
+			c.nodeState[n] = nodeStarting
+		}
+		go c.serve(ctx, start)
+	}
+	c.updateReadyLocked(now, exists)
+}
+
+// serve rebuilds a batch of nodes in one ServeNodes (one VPC-wide ENI list).
+func (c *Coordinator) serve(ctx context.Context, names []string) {
+	start := c.clock.Now()
+	errs := c.nodes.ServeNodes(ctx, names)
+	took := c.clock.Since(start)
+	c.results <- func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.starting = false
+		now := c.clock.Now()
+		for _, n := range names {
+			if err, failed := errs[n]; failed {
+				c.nodeState[n] = nodeAbsent
+				c.retryAt[n] = now.Add(time.Second)
+				c.log.Warn("serving node failed; retrying", "node", n, "err", err)
+				continue
+			}
+			c.nodeState[n] = nodeUp
+			delete(c.retryAt, n)
+		}
+		// Hand-over duration: from when the ring gave us a partition until
+		// its nodes are served.
+		for p, since := range c.wantedSince {
+			if c.own.State(p) == Serving {
+				c.metrics.handoverDuration.Observe(now.Sub(since).Seconds())
+				delete(c.wantedSince, p)
+			}
+		}
+		c.log.Info("served nodes", "count", len(names)-len(errs), "failed", len(errs), "duration", took)
+	}
+}
+
+// updateReadyLocked: ready once the lease is held, a step has run, and every
+// node of our Serving partitions is up.
+func (c *Coordinator) updateReadyLocked(now time.Time, exists map[string]bool) {
+	switch {
+	case !now.Before(c.leaseValidUntil):
+		c.readyReason = "replica lease not held"
+	case c.starting:
+		c.readyReason = "building the state of owned nodes"
+	default:
+		c.readyReason = ""
+		for name := range exists {
+			if c.own.State(c.nodePartition[name]) == Serving && c.nodeState[name] != nodeUp {
+				c.readyReason = "node " + name + " not served yet"
+				break
+			}
+		}
+	}
+}
+
+// Ready returns nil when the replica holds its lease and serves every node
+// of the partitions it holds; otherwise why not.
+func (c *Coordinator) Ready() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.stepped {
+		return errors.New("ownership loop not started")
+	}
+	if c.readyReason != "" {
+		return errors.New(c.readyReason)
+	}
+	return nil
+}
+
+// renewLoop keeps the replica Lease fresh. The lease is valid until
+// RenewDeadline after the moment the successful write was *sent*.
+func (c *Coordinator) renewLoop(ctx context.Context) {
+	for ctx.Err() == nil {
+		c.writeLease(ctx)
+		select {
+		case <-ctx.Done():
+		case <-c.clock.After(c.cfg.RenewPeriod):
+		}
+	}
+}
+
+// writeLease creates or renews the replica Lease.
+func (c *Coordinator) writeLease(ctx context.Context) {
+	sent := c.clock.Now()
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.RenewDeadline)
+	defer cancel()
+	client := c.kube.CoordinationV1().Leases(c.cfg.Namespace)
+	c.mu.Lock()
+	cur, leaving := c.myLease, c.leaving
+	c.mu.Unlock()
+	want := &coordv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   ReplicaLeaseName(c.self),
+			Labels: map[string]string{labelKind: kindReplica},
+			Annotations: map[string]string{
+				annoMember: c.self, annoGRPC: c.addrs.GRPC, annoHTTP: c.addrs.HTTP,
+				annoLeaving: fmt.Sprint(leaving),
+			},
+		},
+		Spec: coordv1.LeaseSpec{
+			HolderIdentity:       ptr.To(c.self),
+			LeaseDurationSeconds: ptr.To(int32((c.cfg.LeaseDuration + time.Second - 1) / time.Second)),
+			RenewTime:            ptr.To(metav1.NewMicroTime(sent)),
+		},
+	}
+	var (
+		out *coordv1.Lease
+		err error
+	)
+	if cur == nil {
+		want.Spec.AcquireTime = want.Spec.RenewTime
+		out, err = client.Create(ctx, want, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			// A restart of this very process is impossible (names are
+			// unique per process); adopt the object only if it names us.
+			var got *coordv1.Lease
+			if got, err = client.Get(ctx, want.Name, metav1.GetOptions{}); err == nil {
+				if ptr.Deref(got.Spec.HolderIdentity, "") != c.self {
+					err = fmt.Errorf("replica lease %s is held by %q", want.Name, ptr.Deref(got.Spec.HolderIdentity, ""))
+				} else {
+					want.ResourceVersion = got.ResourceVersion
+					out, err = client.Update(ctx, want, metav1.UpdateOptions{})
+				}
+			}
+		}
+	} else {
+		want.ResourceVersion = cur.ResourceVersion
+		want.Spec.AcquireTime = cur.Spec.AcquireTime
+		out, err = client.Update(ctx, want, metav1.UpdateOptions{})
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			c.mu.Lock()
+			c.myLease = nil // re-create or re-read next time
+			c.mu.Unlock()
+		}
+	}
+	if err != nil {
+		c.metrics.renewFailures.Inc()
+		c.log.Warn("renewing the replica lease failed", "err", err)
+		return
+	}
+	c.mu.Lock()
+	c.myLease = out
+	if until := sent.Add(c.cfg.RenewDeadline); until.After(c.leaseValidUntil) {
+		c.leaseValidUntil = until
+	}
+	c.mu.Unlock()
+	c.Kick()
+}
+
+// deleteLease removes the replica Lease after a complete leave, so others
+// drop this replica at once.
+func (c *Coordinator) deleteLease() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := c.kube.CoordinationV1().Leases(c.cfg.Namespace).Delete(ctx, ReplicaLeaseName(c.self), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		c.log.Warn("deleting the replica lease failed; others drop us when it expires", "err", err)
+	}
+}
+
+// LeaseValid reports whether this replica's lease is valid now: the gate of
+// every cloud call and write.
+func (c *Coordinator) LeaseValid() bool {
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return now.Before(c.leaseValidUntil)
+}
+
+// ErrNotOwner is the (retryable) refusal of a call for a node this replica
+// does not serve; its text travels in forwarded replies.
+var ErrNotOwner = errors.New("not the owner of the node")
+
+// MayAct implements ipam.Fence: writes for the node may go ahead while its
+// partition is Serving or Draining (in-flight work finishing) here and our
+// lease is valid now.
+func (c *Coordinator) MayAct(node string) error {
+	p := PartitionOf(c.cfg.Ring.Partitions, node)
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.own.State(p)
+	switch {
+	case st != Serving && st != Draining:
+		return fmt.Errorf("%w: partition %d is %s here", ErrNotOwner, p, st)
+	case !now.Before(c.leaseValidUntil):
+		return fmt.Errorf("%w: replica lease not renewed within %s", ErrNotOwner, c.cfg.RenewDeadline)
+	}
+	return nil
+}
+
+// Route is where a call for a node goes now.
+type Route struct {
+	Partition int
+	// Local: this replica serves the node's partition.
+	Local bool
+	// Owner and GRPC name the replica holding the claim, when another live
+	// one does; empty when the node has no owner at the moment.
+	Owner string
+	GRPC  string
+}
+
+// RouteOf answers the router: local, another replica, or nobody yet.
+func (c *Coordinator) RouteOf(node string) Route {
+	p := PartitionOf(c.cfg.Ring.Partitions, node)
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := Route{Partition: p}
+	if c.own.State(p) == Serving && now.Before(c.leaseValidUntil) {
+		r.Local = true
+		return r
+	}
+	l, err := c.leases.Get(PartitionLeaseName(p))
+	if err != nil {
+		return r
+	}
+	holder := ptr.Deref(l.Spec.HolderIdentity, "")
+	if w, ok := c.written[p]; ok && l.ResourceVersion == w.replaced {
+		holder = w.claim.Holder
+	}
+	if holder == "" || holder == c.self || c.expiredLocked(holder, now) {
+		return r
+	}
+	if o, ok := c.seen[holder]; ok && o.grpc != "" {
+		r.Owner, r.GRPC = holder, o.grpc
+	}
+	return r
+}

@@ -1,0 +1,259 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/cce-ipam/sharded/ipamcore/cni"
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+// Locator finds the node a call is about (ipam.IPAM implements it).
+type Locator interface {
+	PodNode(ctx context.Context, ref cni.PodRef) (string, error)
+	EndpointNode(ctx context.Context, ref cni.PodRef) (string, bool, error)
+}
+
+// Router is the cni.Backend of a sharded replica: a call for a node this
+// replica serves goes to the local IPAM; one for a node another live replica
+// holds is forwarded there in one authenticated hop; one for a node nobody
+// holds right now (a hand-over) waits up to OwnerWait, then fails with a
+// retryable error that kubelet retries.
+type Router struct {
+	coord   *Coordinator
+	local   cni.Backend
+	locator Locator
+	auth    *Authenticator
+	log     *slog.Logger
+	poll    time.Duration
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+var _ cni.Backend = (*Router)(nil)
+
+// NewRouter routes calls for coord's replica; local serves its own nodes.
+func NewRouter(coord *Coordinator, local cni.Backend, locator Locator, auth *Authenticator, log *slog.Logger) *Router {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Router{coord: coord, local: local, locator: locator, auth: auth, log: log,
+		poll: 100 * time.Millisecond, conns: map[string]*grpc.ClientConn{}}
+}
+
+// Close drops the connections to other replicas.
+func (r *Router) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for addr, c := range r.conns {
+		_ = c.Close()
+		delete(r.conns, addr)
+	}
+}
+
+// Allocate implements cni.Backend.
+func (r *Router) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, error) {
+	node, err := r.locator.PodNode(ctx, ref)
+	if err != nil {
+		return cni.Endpoint{}, err // an unknown or unbound pod: nothing to route
+	}
+	ep, _, err := r.route(ctx, methodAllocate, node, ref,
+		func(ctx context.Context) (cni.Endpoint, bool, error) {
+			ep, err := r.local.Allocate(ctx, ref)
+			return ep, err == nil, err
+		},
+		func(ctx context.Context, c rpc.CNIBackendClient) (cni.Endpoint, bool, error) {
+			reply, err := c.AllocateIP(ctx, &rpc.AllocateIPRequest{
+				K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID,
+				K8SNodeName: ref.Node, IPType: rpc.IPType_BCCMultiENIMultiIPType,
+			})
+			if err != nil {
+				return cni.Endpoint{}, false, err
+			}
+			if !reply.GetIsSuccess() {
+				return cni.Endpoint{}, false, remoteError(reply.GetErrMsg())
+			}
+			return fromWire(reply.GetENIMultiIP()), true, nil
+		})
+	return ep, err
+}
+
+// Release implements cni.Backend. The node comes from the pod's wep: the
+// pod may already be gone.
+func (r *Router) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, error) {
+	node, ok, err := r.locator.EndpointNode(ctx, ref)
+	if err != nil {
+		return cni.Endpoint{}, false, err
+	}
+	if !ok {
+		return cni.Endpoint{}, false, nil // nothing to free anywhere
+	}
+	return r.route(ctx, methodRelease, node, ref,
+		func(ctx context.Context) (cni.Endpoint, bool, error) { return r.local.Release(ctx, ref) },
+		func(ctx context.Context, c rpc.CNIBackendClient) (cni.Endpoint, bool, error) {
+			reply, err := c.ReleaseIP(ctx, &rpc.ReleaseIPRequest{
+				K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID,
+				K8SNodeName: ref.Node, IPType: rpc.IPType_BCCMultiENIMultiIPType,
+			})
+			if err != nil {
+				return cni.Endpoint{}, false, err
+			}
+			if !reply.GetIsSuccess() {
+				return cni.Endpoint{}, false, remoteError(reply.GetErrMsg())
+			}
+			if reply.GetENIMultiIP() == nil {
+				return cni.Endpoint{}, false, nil
+			}
+			return fromWire(reply.GetENIMultiIP()), true, nil
+		})
+}
+
+// Check implements cni.Backend: the wep is the record, any replica can
+// answer it.
+func (r *Router) Check(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, error) {
+	return r.local.Check(ctx, ref)
+}
+
+// route runs a call where its node is served, waiting while it has no owner.
+func (r *Router) route(ctx context.Context, method, node string, ref cni.PodRef,
+	local func(context.Context) (cni.Endpoint, bool, error),
+	remote func(context.Context, rpc.CNIBackendClient) (cni.Endpoint, bool, error),
+) (cni.Endpoint, bool, error) {
+	from, forwarded := forwardedFrom(ctx)
+	wait := r.coord.cfg.OwnerWait
+	if forwarded {
+		// The sender keeps waiting and re-routes; we only bridge a short gap
+		// (our claim won, the node still rebuilding).
+		wait = min(wait, 3*time.Second)
+	}
+	deadline := time.Now().Add(wait)
+	waited := false
+	var lastErr error
+	for {
+		rt := r.coord.RouteOf(node)
+		switch {
+		case rt.Local:
+			ep, ok, err := local(ctx)
+			if err == nil || !retryable(err) {
+				r.waited(waited, err)
+				return ep, ok, err
+			}
+			lastErr = err
+		case rt.GRPC != "" && !forwarded:
+			ep, ok, err := r.forward(ctx, method, rt, ref, remote)
+			if err == nil || !retryable(err) {
+				r.waited(waited, err)
+				return ep, ok, err
+			}
+			lastErr = err
+		}
+		if !time.Now().Before(deadline) || ctx.Err() != nil {
+			r.coord.metrics.ownerWaits.WithLabelValues("timeout").Inc()
+			msg := fmt.Sprintf("no replica serves node %s (partition %d) yet; retry", node, rt.Partition)
+			if forwarded {
+				msg = fmt.Sprintf("forwarded by %s, but this replica does not serve node %s", from, node)
+			}
+			if lastErr != nil {
+				msg += " (last: " + lastErr.Error() + ")"
+			}
+			return cni.Endpoint{}, false, fmt.Errorf("%w: %s", ErrNotOwner, msg)
+		}
+		waited = true
+		select {
+		case <-ctx.Done():
+		case <-time.After(r.poll):
+		}
+	}
+}
+
+func (r *Router) waited(waited bool, err error) {
+	if waited && err == nil {
+		r.coord.metrics.ownerWaits.WithLabelValues("served").Inc()
+	}
+}
+
+// forward sends the call to the owner, signed.
+func (r *Router) forward(ctx context.Context, method string, rt Route, ref cni.PodRef,
+	remote func(context.Context, rpc.CNIBackendClient) (cni.Endpoint, bool, error),
+) (cni.Endpoint, bool, error) {
+	conn, err := r.conn(rt.GRPC)
+	if err != nil {
+		return cni.Endpoint{}, false, fmt.Errorf("%w: %v", ErrNotOwner, err)
+	}
+	req := &rpc.AllocateIPRequest{K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID}
+	ctx = metadata.AppendToOutgoingContext(ctx, headerForward, r.auth.Sign(method, req, r.coord.self))
+	ep, ok, err := remote(ctx, rpc.NewCNIBackendClient(conn))
+	switch {
+	case err == nil:
+		r.coord.metrics.forwarded.WithLabelValues("ok").Inc()
+	case retryable(err):
+		r.coord.metrics.forwarded.WithLabelValues("not_owner").Inc()
+	default:
+		r.coord.metrics.forwarded.WithLabelValues("error").Inc()
+	}
+	return ep, ok, err
+}
+
+func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.conns[addr]; ok {
+		return c, nil
+	}
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	r.conns[addr] = c
+	return c, nil
+}
+
+// errRemoteNotOwner marks a forwarded reply saying the peer does not serve
+// the node (any more): the caller re-routes.
+var errRemoteNotOwner = errors.New("the forward target does not serve the node")
+
+// remoteError turns a forwarded reply's ErrMsg back into an error, keeping
+// "not the owner" retryable.
+func remoteError(msg string) error {
+	for _, e := range []error{ErrNotOwner, ipam.ErrNodeNotServed, ipam.ErrFenced} {
+		if strings.Contains(msg, e.Error()) {
+			return fmt.Errorf("%w: %s", errRemoteNotOwner, msg)
+		}
+	}
+	return errors.New(msg)
+}
+
+// retryable: the node is (momentarily) not served where we asked, or the
+// owner could not be reached; routing again may find the right place.
+func retryable(err error) bool {
+	if errors.Is(err, ipam.ErrNodeNotServed) || errors.Is(err, ipam.ErrFenced) ||
+		errors.Is(err, ErrNotOwner) || errors.Is(err, errRemoteNotOwner) {
+		return true
+	}
+	// Transport errors (the owner died mid-call) come back as gRPC status
+	// errors; the call is idempotent, so it is tried again where it now goes.
+	return status.Code(err) == codes.Unavailable
+}
+
+func fromWire(w *rpc.ENIMultiIPReply) cni.Endpoint {
+	if w == nil {
+		return cni.Endpoint{}
+	}
+	return cni.Endpoint{
+		IP: w.GetIP(), Type: w.GetType(), MAC: w.GetMac(), Gateway: w.GetGw(), ENIID: w.GetENIID(),
+		Node: w.GetNode(), SubnetID: w.GetSubnetID(), EnableFixIP: w.GetEnableFixIP(), FixIPDeletePolicy: w.GetFixIPDeletePolicy(),
+	}
+}

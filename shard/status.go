@@ -1,0 +1,230 @@
+package shard
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+)
+
+// Status is a replica's view of the cluster, served at /shard/status for
+// ipamctl.
+type Status struct {
+	Self       string         `json:"self"`
+	Leader     string         `json:"leader,omitempty"`
+	IsLeader   bool           `json:"isLeader"`
+	LeaseValid bool           `json:"leaseValid"`
+	Ready      string         `json:"ready"` // "ok" or why not
+	Budget     Share          `json:"budget"`
+	Partitions int            `json:"partitions"`
+	Members    []MemberStatus `json:"members"`
+	// Unowned counts partitions no live replica holds right now.
+	Unowned      int `json:"unownedPartitions"`
+	UnownedNodes int `json:"unownedNodes"`
+}
+
+// MemberStatus is one replica as this one sees it.
+type MemberStatus struct {
+	Name    string `json:"name"`
+	GRPC    string `json:"grpc,omitempty"`
+	HTTP    string `json:"http,omitempty"`
+	Live    bool   `json:"live"`
+	Leaving bool   `json:"leaving,omitempty"`
+	// RingPartitions is what the ring wants this member to hold;
+	// HeldPartitions what its claims say it holds; Nodes the BCC nodes in the
+	// held partitions.
+	RingPartitions int `json:"ringPartitions"`
+	HeldPartitions int `json:"heldPartitions"`
+	Nodes          int `json:"nodes"`
+}
+
+// NodeStatus answers "who serves this node, and what is its pool".
+type NodeStatus struct {
+	Node       string `json:"node"`
+	Partition  int    `json:"partition"`
+	RingOwner  string `json:"ringOwner,omitempty"`
+	Holder     string `json:"holder,omitempty"` // the claim's holder
+	Served     bool   `json:"served"`           // served by the replica that answered
+	AnsweredBy string `json:"answeredBy"`
+	Pool       any    `json:"pool,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+// Status snapshots this replica's view. leader may be nil.
+func (c *Coordinator) Status(leader func() (string, bool)) Status {
+	now := c.clock.Now()
+	leases, _ := c.leases.List(labels.Everything())
+	nodes, _ := c.nodeLister.List(labels.Everything())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := Status{Self: c.self, LeaseValid: now.Before(c.leaseValidUntil), Partitions: c.cfg.Ring.Partitions, Ready: "ok"}
+	if c.readyReason != "" {
+		st.Ready = c.readyReason
+	}
+	if leader != nil {
+		st.Leader, st.IsLeader = leader()
+	}
+	holders := make([]string, c.cfg.Ring.Partitions)
+	for _, l := range leases {
+		if p, ok := partitionFromLease(l.Name); ok && p < len(holders) && l.Labels[labelKind] == kindPartition {
+			holders[p] = ptr.Deref(l.Spec.HolderIdentity, "")
+			if w, ok := c.written[p]; ok && l.ResourceVersion == w.replaced {
+				holders[p] = w.claim.Holder
+			}
+		}
+	}
+	members := map[string]*MemberStatus{}
+	get := func(name string) *MemberStatus {
+		m, ok := members[name]
+		if !ok {
+			m = &MemberStatus{Name: name}
+			members[name] = m
+		}
+		return m
+	}
+	self := get(c.self)
+	self.GRPC, self.HTTP, self.Leaving = c.addrs.GRPC, c.addrs.HTTP, c.leaving
+	for name, o := range c.seen {
+		m := get(name)
+		m.GRPC, m.HTTP, m.Leaving = o.grpc, o.http, o.leaving
+	}
+	for _, name := range c.live {
+		get(name).Live = true
+	}
+	if c.ring != nil {
+		for _, owner := range c.ring.Table().Owners {
+			get(owner).RingPartitions++
+		}
+	}
+	for p, h := range holders {
+		if h == "" || (h != c.self && c.expiredLocked(h, now)) {
+			st.Unowned++
+			holders[p] = ""
+			continue
+		}
+		get(h).HeldPartitions++
+	}
+	for _, n := range nodes {
+		if n.DeletionTimestamp != nil || !strings.HasPrefix(n.Spec.ProviderID, "cce://") {
+			continue
+		}
+		if h := holders[PartitionOf(c.cfg.Ring.Partitions, n.Name)]; h != "" {
+			get(h).Nodes++
+		} else {
+			st.UnownedNodes++
+		}
+	}
+	for _, m := range members {
+		st.Members = append(st.Members, *m)
+	}
+	sort.Slice(st.Members, func(i, j int) bool { return st.Members[i].Name < st.Members[j].Name })
+	c.budget.mu.Lock()
+	st.Budget = c.budget.share
+	c.budget.mu.Unlock()
+	return st
+}
+
+// nodeStatus is this replica's answer about one node.
+func (c *Coordinator) nodeStatus(node string) NodeStatus {
+	rt := c.RouteOf(node)
+	ns := NodeStatus{Node: node, Partition: rt.Partition, AnsweredBy: c.self, Served: rt.Local}
+	c.mu.Lock()
+	if c.ring != nil {
+		ns.RingOwner = c.ring.Owner(node)
+	}
+	c.mu.Unlock()
+	switch {
+	case rt.Local:
+		ns.Holder = c.self
+	case rt.Owner != "":
+		ns.Holder = rt.Owner
+	}
+	return ns
+}
+
+// StatusHandler serves /shard/status and /shard/node?name=N. A node query
+// reaching a replica that does not serve the node is passed on, once, to the
+// holder's HTTP address, so ipamctl can ask any replica.
+func (c *Coordinator) StatusHandler(leader func() (string, bool), pool func(node string) (any, error)) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/shard/status", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, c.Status(leader))
+	})
+	mux.HandleFunc("/shard/node", func(w http.ResponseWriter, r *http.Request) {
+		node := r.URL.Query().Get("name")
+		if node == "" {
+			http.Error(w, "name is required", http.StatusBadRequest)
+			return
+		}
+		ns := c.nodeStatus(node)
+		if ns.Served {
+			p, err := pool(node)
+			if err != nil {
+				ns.Error = err.Error()
+			}
+			ns.Pool = p
+			writeJSON(w, ns)
+			return
+		}
+		if ns.Holder != "" && r.URL.Query().Get("hop") == "" {
+			if addr := c.httpAddrOf(ns.Holder); addr != "" {
+				if out, err := fetchNode(r.Context(), addr, node); err == nil {
+					writeJSON(w, out)
+					return
+				} else {
+					ns.Error = "asking the holder failed: " + err.Error()
+				}
+			}
+		}
+		writeJSON(w, ns)
+	})
+	return mux
+}
+
+func (c *Coordinator) httpAddrOf(member string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if member == c.self {
+		return c.addrs.HTTP
+	}
+	return c.seen[member].http
+}
+
+func fetchNode(ctx context.Context, addr, node string) (NodeStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	u := "http://" + addr + "/shard/node?hop=1&name=" + url.QueryEscape(node)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return NodeStatus{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return NodeStatus{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return NodeStatus{}, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return NodeStatus{}, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	var out NodeStatus
+	return out, json.Unmarshal(body, &out)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

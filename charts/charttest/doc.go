@@ -1,0 +1,27 @@
+// Package charttest tests the Helm chart charts/cce-ipam with real parts: the
+// pinned helm binary, a real kube-apiserver (e2e/cluster), bce-sim and
+// cce-ipam processes, the kubelet simulator and a real Prometheus. Every test
+// needs bin/ (make tools, make binaries) and carries the integration tag.
+//
+//   - TestChart_LintAndTemplate: helm lint and helm template, with the
+//     default values and with ci/five-replicas-values.yaml; what the
+//     rendered objects must look like (probes, security, Services, no
+//     secrets outside Secrets).
+//   - TestChart_SchemaRejectsBadValues: values.schema.json refuses bad values.
+//   - TestChart_ServerDryRunAccepted: the API server accepts every rendered
+//     object (server-side apply, dry run), CRDs and ServiceMonitor included.
+//   - TestChart_HelmInstallKeepsGossipKey: helm install and upgrade into the
+//     control plane; the generated gossip key is valid and survives upgrades.
+//   - TestChart_RBACMatchesDocumentedList: the rendered rules equal the list
+//     in the chart README.
+//   - TestChart_FleetUnderPrometheus: three cce-ipam processes run with
+//     exactly the args and env of the rendered Deployment, as the chart's
+//     ServiceAccount; the kubelet simulator allocates through them while a
+//     real Prometheus scrapes them; every dashboard query must return data,
+//     promtool must find nothing to complain about in /metrics, and no
+//     replica may log "forbidden".
+//
+// Run them with
+//
+//	go test -race -tags integration ./charts/...
+package charttest

@@ -165,6 +165,15 @@ func (b *budget) adjust(ctx context.Context) {
 	}
 }
 
+// revoke closes the gate until a share is won again by CAS.
+func (b *budget) revoke() {
+	b.mu.Lock()
+	b.share, b.granted = Share{}, false
+	b.mu.Unlock()
+	b.c.metrics.budgetRate.Set(0)
+	b.c.metrics.budgetBurst.Set(0)
+}
+
 // set applies a share to the local limiter.
 func (b *budget) set(s Share, granted bool) {
 	if s.Rate > 0 && s.Burst >= 1 {

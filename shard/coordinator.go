@@ -760,13 +760,48 @@ func (c *Coordinator) writeLease(ctx context.Context) {
 		c.log.Warn("renewing the replica lease failed", "err", err)
 		return
 	}
+	until := sent.Add(c.cfg.RenewDeadline)
 	c.mu.Lock()
 	c.myLease = out
-	if until := sent.Add(c.cfg.RenewDeadline); until.After(c.leaseValidUntil) {
+	lapsed := !sent.Before(c.leaseValidUntil)
+	if !lapsed && until.After(c.leaseValidUntil) {
 		c.leaseValidUntil = until
 	}
 	c.mu.Unlock()
+	if lapsed {
+		// The lease lapsed (a pause, a cut-off): others may have taken our
+		// partitions while our caches still say they are ours. Everything
+		// is fenced off first, on the loop, and only then is the lease
+		// valid again, so nothing is served on the old claims: each must be
+		// won again by CAS, which fails if anyone took it meanwhile.
+		c.results <- func() { c.relapse(until) }
+	}
 	c.Kick()
+}
+
+// relapse fences every partition after a lapsed lease, then accepts the new
+// lease validity.
+func (c *Coordinator) relapse(until time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fenced := 0
+	for p := range c.cfg.Ring.Partitions {
+		if st := c.own.State(p); st == Serving || st == Draining {
+			if err := c.own.fence(p); err == nil {
+				fenced++
+			}
+		}
+	}
+	// Our budget entry may have been dropped as an expired replica's: win
+	// it back by CAS before calling the cloud again.
+	c.budget.revoke()
+	if fenced > 0 {
+		c.metrics.handovers.WithLabelValues("fenced").Add(float64(fenced))
+		c.log.Warn("lease lapsed: stopped serving every partition; each must be claimed again", "partitions", fenced)
+	}
+	if until.After(c.leaseValidUntil) {
+		c.leaseValidUntil = until
+	}
 }
 
 // deleteLease removes the replica Lease after a complete leave, so others
@@ -796,7 +831,7 @@ var ErrNotOwner = errors.New("not the owner of the node")
 // MayAct implements ipam.Fence: writes for the node may go ahead while its
 // partition is Serving or Draining (in-flight work finishing) here and our
 // lease is valid now.
-func (c *Coordinator) MayAct(node string) error {
+func (c *Coordinator) MayAct(node string) (time.Time, error) {
 	p := PartitionOf(c.cfg.Ring.Partitions, node)
 	now := c.clock.Now()
 	c.mu.Lock()
@@ -804,11 +839,11 @@ func (c *Coordinator) MayAct(node string) error {
 	st := c.own.State(p)
 	switch {
 	case st != Serving && st != Draining:
-		return fmt.Errorf("%w: partition %d is %s here", ErrNotOwner, p, st)
+		return time.Time{}, fmt.Errorf("%w: partition %d is %s here", ErrNotOwner, p, st)
 	case !now.Before(c.leaseValidUntil):
-		return fmt.Errorf("%w: replica lease not renewed within %s", ErrNotOwner, c.cfg.RenewDeadline)
+		return time.Time{}, fmt.Errorf("%w: replica lease not renewed within %s", ErrNotOwner, c.cfg.RenewDeadline)
 	}
-	return nil
+	return c.leaseValidUntil, nil
 }
 
 // Route is where a call for a node goes now.

@@ -199,6 +199,17 @@ func (o *Ownership) Stopped(p int, version string) ([]Action, error) {
 	return []Action{{Kind: ActRelease, Partition: p, Version: version}}, nil
 }
 
+// fence moves a Serving or Draining partition to Unowned at once: the
+// replica's lease lapsed, so it may no longer act on its claims (their nodes
+// are stopped by the driver; nothing is released).
+func (o *Ownership) fence(p int) error {
+	if o.states[p] != Serving && o.states[p] != Draining {
+		return fmt.Errorf("ownership: fence of partition %d in state %s", p, o.states[p])
+	}
+	o.states[p] = Unowned
+	return nil
+}
+
 // Serving lists the partitions in state Serving.
 func (o *Ownership) Serving() []int {
 	var out []int

@@ -152,8 +152,16 @@ func (i *IPAM) tryTake(ctx context.Context, n *node, req datastore.Request, dead
 
 // commit writes the WorkloadEndpoint: the allocation's commit point.
 func (i *IPAM) commit(ctx context.Context, pod *corev1.Pod, n *node, info datastore.IPInfo) (*cce.WorkloadEndpoint, error) {
-	if err := i.mayAct(n.name); err != nil {
+	until, err := i.mayActUntil(n.name)
+	if err != nil {
 		return nil, err
+	}
+	if !until.IsZero() {
+		// The commit must not reach the API server after our right to
+		// write for the node has ended (a pause in the middle of it).
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, until)
+		defer cancel()
 	}
 	want := i.newWEP(pod, n, info)
 	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(pod.Namespace)

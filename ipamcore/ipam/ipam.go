@@ -47,9 +47,9 @@ type Deps struct {
 }
 
 // Fence is the shard layer's answer to "may this replica still write for
-// this node". It must be cheap: it is on the allocation path.
+// this node, and until when". It must be cheap: it is on the allocation path.
 type Fence interface {
-	MayAct(node string) error
+	MayAct(node string) (until time.Time, err error)
 }
 
 // ErrFenced wraps a Fence's refusal.
@@ -339,14 +339,22 @@ func (i *IPAM) acquire(name string) (*node, func(), bool) {
 
 // mayAct asks the fence (if any) whether a write for the node may go ahead.
 func (i *IPAM) mayAct(node string) error {
+	_, err := i.mayActUntil(node)
+	return err
+}
+
+// mayActUntil also returns when the permission ends (zero: never), for
+// writes that must not be sent after it.
+func (i *IPAM) mayActUntil(node string) (time.Time, error) {
 	if i.deps.Fence == nil {
-		return nil
+		return time.Time{}, nil
 	}
-	if err := i.deps.Fence.MayAct(node); err != nil {
+	until, err := i.deps.Fence.MayAct(node)
+	if err != nil {
 		i.metrics.fenced.Inc()
-		return fmt.Errorf("%w %s: %v", ErrFenced, node, err)
+		return time.Time{}, fmt.Errorf("%w %s: %v", ErrFenced, node, err)
 	}
-	return nil
+	return until, nil
 }
 
 // ServedNodes returns the names of the nodes being served.

@@ -141,14 +141,14 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 	for _, r := range replicas {
 		grpcAddrs = append(grpcAddrs, r.grpcAddr)
 	}
+	for k := range fleetPods {
+		createPod(t, ctx, kube, ns, fmt.Sprintf("web-%d", k))
+	}
 	startKubelet(t, ctx, ns, simURL, grpcAddrs, kube, cs)
 	createGhostIPPool(t, ctx, cs)
 	churnDone := make(chan struct{})
 	var churn sync.WaitGroup
 	t.Run("pods get IPs through the chart's replicas", func(t *testing.T) {
-		for k := range fleetPods {
-			createPod(t, ctx, kube, ns, fmt.Sprintf("web-%d", k))
-		}
 		podsCtx, podsCancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer podsCancel()
 		eventually(t, podsCtx, 500*time.Millisecond, "all pods Running with an IP", func() error {
@@ -192,6 +192,12 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 			}
 			return nil
 		})
+		// The event-driven series, for the log: how much margin the run had.
+		for _, q := range []string{`sum by (outcome) (cce_ipam_shard_owner_waits_total)`, `sum by (reason) (cce_ipam_shard_handovers_total)`,
+			`sum by (result) (cce_ipam_shard_forwarded_requests_total)`, `sum by (operation) (cce_ipam_cloud_api_throttled_total)`,
+			`sum by (kind) (cce_ipam_gc_actions_total)`, `sum by (method) (cce_ipam_cni_requests_total)`} {
+			t.Logf("%s = %s", q, promRaw(ctx, promURL, q))
+		}
 		// Three replicas, scraped, and each answering for its own shard.
 		for _, q := range []string{`count(up{job="cce-ipam"} == 1) == 3`, `count(cce_ipam_shard_owned_partitions > 0) == 3`} {
 			if n, err := promQuery(ctx, promURL, q); err != nil || n == 0 {
@@ -474,17 +480,6 @@ func startKubelet(t *testing.T, ctx context.Context, ns, simURL string, grpcAddr
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := kubeletsim.NodeNames("chart", 0, fleetNodes)
-	if _, err := sim.RegisterNodes(ctx, names); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		bg := context.Background()
-		for _, n := range names {
-			_ = kube.CoreV1().Nodes().Delete(bg, n, metav1.DeleteOptions{})
-			_ = cs.CceV1alpha1().IPPools(cce.IPPoolNamespace).Delete(bg, cce.IPPoolName(n), metav1.DeleteOptions{})
-		}
-	})
 	simCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- sim.Run(simCtx) }()
@@ -494,6 +489,28 @@ func startKubelet(t *testing.T, ctx context.Context, ns, simURL string, grpcAddr
 			t.Errorf("kubelet simulator: %v", err)
 		}
 	})
+	select {
+	case <-sim.Synced():
+	case err := <-done:
+		t.Fatalf("kubelet simulator stopped: %v", err)
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
+	// The simulator runs before the nodes exist, so the waiting pods are
+	// bound to each node as it appears, and their CNI calls race the
+	// replicas' first rebuild of it: calls wait for an owner, as they do in
+	// a hand-over (the dashboard's owner-wait panel needs that data).
+	names := kubeletsim.NodeNames("chart", 0, fleetNodes)
+	t.Cleanup(func() {
+		bg := context.Background()
+		for _, n := range names {
+			_ = kube.CoreV1().Nodes().Delete(bg, n, metav1.DeleteOptions{})
+			_ = cs.CceV1alpha1().IPPools(cce.IPPoolNamespace).Delete(bg, cce.IPPoolName(n), metav1.DeleteOptions{})
+		}
+	})
+	if _, err := sim.RegisterNodes(ctx, names); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // createGhostIPPool leaves the node agent's IPPool of a node that no longer
@@ -719,6 +736,35 @@ func promQuery(ctx context.Context, base, expr string) (int, error) {
 		return 0, err
 	}
 	return len(series), nil
+}
+
+// promRaw returns the result of an instant query as compact text, for logs.
+func promRaw(ctx context.Context, base, expr string) string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/query?query="+url.QueryEscape(expr), nil)
+	if err != nil {
+		return err.Error()
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Data struct {
+			Result []struct {
+				Metric map[string]string `json:"metric"`
+				Value  [2]any            `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		return err.Error()
+	}
+	var parts []string
+	for _, s := range r.Data.Result {
+		parts = append(parts, fmt.Sprintf("%v=%v", s.Metric, s.Value[1]))
+	}
+	return strings.Join(parts, " ")
 }
 
 func httpStatus(u string) error {

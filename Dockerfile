@@ -16,10 +16,12 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 ARG TARGETOS=linux
 ARG TARGETARCH
+# The version replicas advertise in their gossip meta and User-Agent.
+ARG VERSION=dev
 # -trimpath and no VCS stamping make the binaries reproducible from the source.
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
-    go build -trimpath -buildvcs=false -ldflags="-s -w" -o /out/ ./cmd/cce-ipam ./cmd/bce-sim
+    go build -trimpath -buildvcs=false -ldflags="-s -w -X main.version=${VERSION}" -o /out/ ./cmd/cce-ipam ./cmd/bce-sim
 
 FROM gcr.io/distroless/static-debian12:nonroot AS bce-sim
 COPY --from=build /out/bce-sim /bce-sim

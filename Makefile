@@ -84,7 +84,7 @@ image:
 	@engine=$$(command -v docker || command -v podman || true); \
 	if [ -z "$$engine" ]; then echo "make image: neither docker nor podman is installed; install one to build $(IMAGE)" >&2; exit 1; fi; \
 	if ! "$$engine" info >/dev/null 2>&1; then echo "make image: $$engine is installed but cannot reach its daemon/runtime ($$engine info failed)" >&2; exit 1; fi; \
-	"$$engine" build --target cce-ipam -t $(IMAGE) . && \
+	"$$engine" build --target cce-ipam --build-arg VERSION=$(lastword $(subst :, ,$(IMAGE))) -t $(IMAGE) . && \
 	"$$engine" build --target bce-sim -t $(IMAGE_SIM) .
 
 ## chart-docs: regenerate the values table of charts/cce-ipam/README.md from values.yaml.

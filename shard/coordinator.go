@@ -52,6 +52,7 @@ type Coordinator struct {
 	addrs   Addresses
 	kube    kubernetes.Interface
 	nodes   NodeServer
+	gossip  func() []string
 	clock   clock.WithTicker
 	log     *slog.Logger
 	metrics *metrics
@@ -123,7 +124,12 @@ type Deps struct {
 	// GlobalRate and GlobalBurst are the cluster-wide BCE budget.
 	GlobalRate  float64
 	GlobalBurst int64
-	Clock       clock.WithTicker
+	// Gossip lists the members this replica's gossip sees (memberlist).
+	// A replica is in the ring only if gossip sees it as well as a fresh
+	// Lease: one that cannot gossip with us (another key, cut off) takes no
+	// partitions from us. Nil: Leases alone.
+	Gossip func() []string
+	Clock  clock.WithTicker
 }
 
 // RateSetter is the cloud client's rate limit (cloud.Client implements it).
@@ -150,7 +156,7 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	c := &Coordinator{
-		cfg: cfg, self: self, addrs: addrs, kube: deps.Kube, nodes: deps.Nodes, clock: deps.Clock, log: log,
+		cfg: cfg, self: self, addrs: addrs, kube: deps.Kube, nodes: deps.Nodes, gossip: deps.Gossip, clock: deps.Clock, log: log,
 		metrics:       newMetrics(reg),
 		nodeInformer:  deps.NodeInformer,
 		nodeLister:    corelisters.NewNodeLister(deps.NodeInformer.GetIndexer()),
@@ -307,6 +313,13 @@ func (c *Coordinator) step(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var gossip map[string]bool
+	if c.gossip != nil {
+		gossip = map[string]bool{}
+		for _, m := range c.gossip() {
+			gossip[m] = true
+		}
+	}
 	claims := make([]Claim, c.cfg.Ring.Partitions)
 	present := map[string]*coordv1.Lease{}
 	var budgetLease *coordv1.Lease
@@ -337,7 +350,7 @@ func (c *Coordinator) step(ctx context.Context) error {
 		}
 	}
 	c.observe(present, now)
-	live := c.liveLocked(now)
+	live := c.liveLocked(now, gossip)
 	if !slices.Equal(live, c.live) || c.ring == nil && len(live) > 0 {
 		c.log.Info("ring members changed", "members", live, "was", c.live)
 		c.live = live
@@ -416,14 +429,17 @@ func (c *Coordinator) expiredLocked(r string, now time.Time) bool {
 	return !ok || now.Sub(o.since) >= c.cfg.LeaseDuration
 }
 
-// liveLocked lists the ring's members: replicas whose Lease is fresh and who
-// are not leaving, plus this one while its lease is valid.
-func (c *Coordinator) liveLocked(now time.Time) []string {
+// liveLocked lists the ring's members: replicas whose Lease is fresh, who are
+// not leaving and whom gossip sees, plus this one while its lease is valid.
+func (c *Coordinator) liveLocked(now time.Time, gossip map[string]bool) []string {
 	var live []string
 	if now.Before(c.leaseValidUntil) && !c.leaving {
 		live = append(live, c.self)
 	}
 	for m, o := range c.seen {
+		if gossip != nil && !gossip[m] {
+			continue
+		}
 		if o.version != "" && !o.leaving && !c.expiredLocked(m, now) {
 			live = append(live, m)
 		}

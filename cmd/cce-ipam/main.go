@@ -181,6 +181,13 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 	coord, err := shard.New(o.shard, self, addrs, shard.Deps{
 		Kube: leaseKube, Nodes: core, NodeInformer: core.NodeInformer(),
 		Budget: provider, GlobalRate: o.cloud.Rate, GlobalBurst: o.cloud.Burst,
+		Gossip: func() []string {
+			var names []string
+			for _, m := range members.Members() {
+				names = append(names, m.Name)
+			}
+			return names
+		},
 	}, log.With("component", "shard"), reg)
 	if err != nil {
 		return err

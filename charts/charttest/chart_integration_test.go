@@ -374,8 +374,18 @@ func TestChart_HelmInstallKeepsGossipKey(t *testing.T) {
 	ns := cp.Namespace(t)
 	release := "inst"
 	common := []string{"--kubeconfig", cp.Kubeconfig, "--namespace", ns, "--set", "cluster.id=cce-x,cluster.vpcID=vpc-x,bce.region=bj"}
-	if _, err := helm(t, append([]string{"install", release, chartDir}, common...)...); err != nil {
+	notes, err := helm(t, append([]string{"install", release, chartDir}, common...)...)
+	if err != nil {
 		t.Fatal(err)
+	}
+	// NOTES.txt: the replicas and, since no credentials were given, a warning naming them.
+	for _, want := range []string{"cce-ipam runs 3 active replicas in " + ns, "WARNING", "bce.credentials.existingSecret"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("helm install output lacks %q:\n%s", want, notes)
+		}
+	}
+	if strings.Contains(notes, "cluster.id") {
+		t.Errorf("NOTES warn about cluster.id although it is set:\n%s", notes)
 	}
 	t.Cleanup(func() {
 		if _, err := helm(t, "uninstall", release, "--kubeconfig", cp.Kubeconfig, "--namespace", ns); err != nil {

@@ -23,6 +23,7 @@ type Client struct {
 	sdkConfig *bce.BceClientConfiguration
 	transport *http.Transport
 	limiter   *Limiter
+	opLimits  map[string]*Limiter // per operation, scaled with the share
 	m         *metrics
 	log       *slog.Logger
 	secrets   []string // redacted from every error message
@@ -56,16 +57,32 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Client, e
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 100
 	c := &Client{cfg: cfg, sdkConfig: sdkCfg, transport: tr, limiter: lim, m: newMetrics(reg), log: logger,
-		secrets: []string{sk, ak}}
+		secrets: []string{sk, ak}, opLimits: map[string]*Limiter{}}
+	for op, l := range cfg.OpLimits {
+		ol, err := NewLimiter(l.Rate, l.Burst)
+		if err != nil {
+			return nil, fmt.Errorf("limit of %s: %w", op, err)
+		}
+		c.opLimits[op] = ol
+	}
 	c.m.rate.Set(cfg.Rate)
 	c.m.burst.Set(float64(cfg.Burst))
 	return c, nil
 }
 
-// SetRate changes the client-side rate limit at run time (see Limiter.SetRate).
+// SetRate changes the client-side rate limit at run time (see
+// Limiter.SetRate): the shard layer gives each replica its share of the
+// cluster-wide budget. The per-operation limits are scaled by the same
+// fraction of the configured Rate (a burst never below one token).
 func (c *Client) SetRate(rate float64, burst int64) error {
 	if err := c.limiter.SetRate(rate, burst); err != nil {
 		return err
+	}
+	f := rate / c.cfg.Rate
+	for op, l := range c.cfg.OpLimits {
+		if err := c.opLimits[op].SetRate(l.Rate*f, max(1, int64(float64(l.Burst)*f))); err != nil {
+			return fmt.Errorf("limit of %s: %w", op, err)
+		}
 	}
 	c.m.rate.Set(rate)
 	c.m.burst.Set(float64(burst))
@@ -92,6 +109,14 @@ func (c *Client) gateErr() error {
 	return nil
 }
 
+// OpRate returns an operation's current limit (0, 0 when it has none).
+func (c *Client) OpRate(op string) (float64, int64) {
+	if l := c.opLimits[op]; l != nil {
+		return l.Rate()
+	}
+	return 0, 0
+}
+
 // Rate returns the current client-side rate and burst.
 func (c *Client) Rate() (float64, int64) { return c.limiter.Rate() }
 
@@ -116,7 +141,16 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 			c.m.calls.WithLabelValues(op, ClassCanceled.String()).Inc()
 			return &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: "gated: " + err.Error(), cause: err}
 		}
-		waited, err := c.limiter.Wait(ctx)
+		var waited time.Duration
+		var err error
+		if ol := c.opLimits[op]; ol != nil {
+			waited, err = ol.Wait(ctx)
+		}
+		if err == nil {
+			var w time.Duration
+			w, err = c.limiter.Wait(ctx)
+			waited += w
+		}
 		c.m.wait.WithLabelValues(op).Observe(waited.Seconds())
 		if err == nil {
 			err = c.gateErr()

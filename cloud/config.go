@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,7 +55,81 @@ type Config struct {
 	Timeout time.Duration
 	// PageSize is maxKeys for list calls. Default 1000.
 	PageSize int
+	// OpLimits are per-operation token buckets on top of Rate/Burst, keyed
+	// by operation name (ListENIs, CreateENI, ...). Nil means none; the
+	// --bce-op-limits flag defaults to the upstream's flow-control table
+	// (DefaultOpLimits). Like Rate and Burst they are cluster-wide numbers:
+	// SetRate scales them to a replica's share.
+	OpLimits map[string]OpLimit
 }
+
+// OpLimit is one operation's rate and burst.
+type OpLimit struct {
+	Rate  float64
+	Burst int64
+}
+
+// DefaultOpLimits is the upstream's client-side flow-control table
+// (cce-network-v2 flow_control.go) for the operations this client makes.
+func DefaultOpLimits() map[string]OpLimit {
+	return map[string]OpLimit{
+		"BatchAddPrivateIP":    {5, 10},
+		"BatchDeletePrivateIP": {5, 10},
+		"CreateENI":            {5, 5},
+		"AttachENI":            {5, 5},
+		"DeleteENI":            {1, 1},
+		"ListENIs":             {1, 1},
+		"DescribeSubnet":       {5, 10},
+		"ListSubnets":          {1, 1},
+		"GetInstance":          {5, 10},
+	}
+}
+
+// opLimitsFlag parses "Op=rate:burst,Op=rate:burst".
+type opLimitsFlag struct{ m *map[string]OpLimit }
+
+func (f opLimitsFlag) String() string {
+	if f.m == nil || *f.m == nil {
+		return ""
+	}
+	var parts []string
+	for op, l := range *f.m {
+		parts = append(parts, fmt.Sprintf("%s=%g:%d", op, l.Rate, l.Burst))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+func (f opLimitsFlag) Set(v string) error {
+	out := map[string]OpLimit{}
+	for _, part := range strings.Split(v, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		op, rb, ok := strings.Cut(part, "=")
+		r, b, ok2 := strings.Cut(rb, ":")
+		if !ok || !ok2 || op == "" {
+			return fmt.Errorf("want Op=rate:burst, got %q", part)
+		}
+		rate, err := strconv.ParseFloat(r, 64)
+		if err != nil {
+			return fmt.Errorf("%s: rate %q: %w", op, r, err)
+		}
+		burst, err := strconv.ParseInt(b, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s: burst %q: %w", op, b, err)
+		}
+		if err := checkRate(rate, burst); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		out[op] = OpLimit{Rate: rate, Burst: burst}
+	}
+	*f.m = out
+	return nil
+}
+
+func (opLimitsFlag) Type() string { return "limits" }
 
 // RegisterFlags binds the config to flags named --bce-*.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
@@ -74,6 +150,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.SDKRetryBase, "bce-sdk-retry-base", d.SDKRetryBase, "base delay of the SDK's exponential retry")
 	fs.DurationVar(&c.Timeout, "bce-timeout", d.Timeout, "timeout of one BCE HTTP attempt")
 	fs.IntVar(&c.PageSize, "bce-page-size", d.PageSize, "maxKeys of BCE list calls")
+	c.OpLimits = DefaultOpLimits()
+	fs.Var(opLimitsFlag{&c.OpLimits}, "bce-op-limits", "cluster-wide per-operation limits, Op=rate:burst,... (replaces the whole default table, the upstream's flow-control limits)")
 }
 
 func (c *Config) setDefaults() {

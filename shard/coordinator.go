@@ -80,6 +80,8 @@ type Coordinator struct {
 	nodePartition   map[string]int
 	starting        bool
 	pendingIO       int // claims and releases in flight
+	claimsInFlight  int
+	claimsSince     time.Time // when the oldest claim in flight started
 	retryAt         map[string]time.Time
 	stepped         bool
 	readyReason     string
@@ -454,6 +456,10 @@ func (c *Coordinator) startAction(ctx context.Context, a Action, claim Claim) {
 	switch a.Kind {
 	case ActClaim:
 		c.pendingIO++
+		if c.claimsInFlight == 0 {
+			c.claimsSince = c.clock.Now()
+		}
+		c.claimsInFlight++
 		go c.claim(ctx, a.Partition, claim)
 	case ActServe:
 		c.metrics.partitionsClaimed.Inc()
@@ -484,6 +490,7 @@ func (c *Coordinator) claim(ctx context.Context, p int, claim Claim) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.pendingIO--
+		c.claimsInFlight--
 		if won {
 			c.written[p] = writtenClaim{claim: written, replaced: claim.Version}
 			c.metrics.handovers.WithLabelValues(reason).Inc()
@@ -629,7 +636,10 @@ func (c *Coordinator) reconcileNodesLocked(ctx context.Context, now time.Time, c
 			}
 		}
 	}
-	if len(start) > 0 && !c.starting {
+	// Claims won together are served together: one ENI list for all (the
+	// cloud allows ListENIs about once a second for the whole cluster).
+	settling := c.claimsInFlight > 0 && now.Sub(c.claimsSince) < time.Second
+	if len(start) > 0 && !c.starting && !settling {
 		sort.Strings(start)
 		c.starting = true
 		for _, n := range start {

@@ -95,3 +95,21 @@ chart-docs:
 helm-lint: tools
 	$(BIN)/helm lint $(CHART)
 	@for f in $(CHART)/ci/*-values.yaml; do echo "helm lint -f $$f"; $(BIN)/helm lint $(CHART) -f $$f || exit 1; done
+
+## e2e (issue #6): suites on the local control plane, chaos, and the kind path.
+E2E_CHAOS_DURATION ?= 10m
+E2E_CHAOS_SEED     ?= 1
+.PHONY: e2e e2e-chaos e2e-kind
+
+## e2e: the e2e suites (fleet, lifecycle, sharding, short chaos) on a local control plane; make test runs them too.
+e2e: tools binaries
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags $(INTEGRATION_TAGS) ./e2e/fleet/ ./e2e/suites/...
+
+## e2e-chaos: the long chaos profile (E2E_CHAOS_DURATION=10m, E2E_CHAOS_SEED=1).
+e2e-chaos: tools binaries
+	E2E_CHAOS_DURATION=$(E2E_CHAOS_DURATION) E2E_CHAOS_SEED=$(E2E_CHAOS_SEED) \
+		$(GO) test -race -count=1 -timeout 60m -tags $(INTEGRATION_TAGS) -v -run TestChaos ./e2e/suites/chaos/
+
+## e2e-kind: images, a kind cluster, the chart with 3 replicas and bce-sim, the lifecycle suite (needs docker and kind).
+e2e-kind: tools
+	e2e/kind/run.sh

@@ -92,6 +92,9 @@ func New(ctx context.Context, opts Options) (*Fleet, error) {
 
 func (f *Fleet) start(ctx context.Context) error {
 	o := &f.opts
+	if e := o.External; e != nil {
+		return f.startExternal(ctx, e)
+	}
 	for _, b := range []string{"cce-ipam", "bce-sim"} {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
 			return fmt.Errorf("fleet: %s missing in %s (run `make binaries`): %w", b, o.BinDir, err)
@@ -176,6 +179,49 @@ func (f *Fleet) start(ctx context.Context) error {
 	return f.startKubelet()
 }
 
+// startExternal uses an IPAM and bce-sim someone else runs.
+func (f *Fleet) startExternal(ctx context.Context, e *External) error {
+	o := &f.opts
+	f.ClusterID, f.VPCID, f.SubnetID, f.SecurityGroup = e.ClusterID, e.VPCID, e.SubnetID, e.SecurityGroup
+	f.simURL = strings.TrimRight(e.SimURL, "/")
+	if !strings.Contains(f.simURL, "://") {
+		f.simURL = "http://" + f.simURL
+	}
+	if f.Dir == "" {
+		dir, err := os.MkdirTemp("", "cce-ipam-fleet-")
+		if err != nil {
+			return err
+		}
+		f.Dir = dir
+	} else if err := os.MkdirAll(f.Dir, 0o755); err != nil {
+		return err
+	}
+	f.Config, f.Kubeconfig = o.Config, o.Kubeconfig
+	var err error
+	if f.Kube, err = kubernetes.NewForConfig(f.Config); err != nil {
+		return err
+	}
+	if f.CCE, err = cceclient.NewForConfig(f.Config); err != nil {
+		return err
+	}
+	if f.Cloud, err = cloud.New(cloud.Config{Endpoint: f.simURL, Region: Region, AccessKeyID: AccessKey,
+		SecretAccessKey: SecretKey, Rate: 1000, Burst: 1000}, slog.New(slog.DiscardHandler), prometheus.NewRegistry()); err != nil {
+		return err
+	}
+	if o.NoKubelet {
+		return nil
+	}
+	if o.Nodes > 0 {
+		if _, err := f.AddNodes(ctx, o.Nodes); err != nil {
+			return err
+		}
+	}
+	return f.startKubelet()
+}
+
+// External reports whether the fleet runs against an IPAM it did not start.
+func (f *Fleet) External() bool { return f.opts.External != nil }
+
 // shardingFlags reports whether the cce-ipam binary has the memberlist
 // flags, i.e. whether several replicas may run.
 func shardingFlags(bin string) (bool, error) {
@@ -233,8 +279,12 @@ func (f *Fleet) Replica(i int) *Replica {
 	return nil
 }
 
-// CNIAddrs returns the gRPC addresses of the replicas not removed.
+// CNIAddrs returns the gRPC addresses of the replicas not removed (with
+// External, its addresses).
 func (f *Fleet) CNIAddrs() []string {
+	if e := f.opts.External; e != nil {
+		return append([]string(nil), e.CNIAddrs...)
+	}
 	var out []string
 	for _, r := range f.Live() {
 		out = append(out, r.GRPCAddr())
@@ -272,6 +322,12 @@ func (f *Fleet) Checker(cfg invariants.Config) (*invariants.Checker, error) {
 // AddNodes registers n more simulated nodes (instance, pre-attached ENI,
 // IPPool, Node) and returns their names.
 func (f *Fleet) AddNodes(ctx context.Context, n int) ([]string, error) {
+	return f.AddNodesIn(ctx, n, f.SubnetID)
+}
+
+// AddNodesIn registers n more simulated nodes whose instances, first ENI
+// and IPPool use subnetID (see AddSubnet).
+func (f *Fleet) AddNodesIn(ctx context.Context, n int, subnetID string) ([]string, error) {
 	f.mu.Lock()
 	from := len(f.nodes)
 	for _, name := range f.nodes {
@@ -282,7 +338,9 @@ func (f *Fleet) AddNodes(ctx context.Context, n int) ([]string, error) {
 	}
 	f.mu.Unlock()
 	names := kubeletsim.NodeNames(f.opts.Name, from, n)
-	reg, err := kubeletsim.New(f.kubeletConfig(), kubeletsim.Deps{Kube: f.Kube, CCE: f.CCE,
+	cfg := f.kubeletConfig()
+	cfg.SubnetID = subnetID
+	reg, err := kubeletsim.New(cfg, kubeletsim.Deps{Kube: f.Kube, CCE: f.CCE,
 		Instances: kubeletsim.AdminInstances(f.simURL, nil), ENIs: f.Cloud}, nil, prometheus.NewRegistry())
 	if err != nil {
 		return nil, err

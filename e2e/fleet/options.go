@@ -70,8 +70,9 @@ type Options struct {
 	// SimArgs are appended to bce-sim's command line.
 	SimArgs []string
 
-	// BCERate and BCEBurst are each replica's client-side budget
-	// (--bce-rate, --bce-burst). Default 50 and 20.
+	// BCERate and BCEBurst are the BCE budget (--bce-rate, --bce-burst):
+	// the sharded binary splits them among the live replicas. Default 50
+	// and 20.
 	BCERate  float64
 	BCEBurst int
 	// IdleMin and IdleMax are the warm pool bounds. Default 2 and 6.
@@ -94,6 +95,12 @@ type Options struct {
 	// timeout 15s, retries 200ms..5s, node heartbeats every 10s.
 	Kubelet kubeletsim.Config
 
+	// External, when set, runs against IPAM replicas and a bce-sim the
+	// fleet did not start (a kind cluster with the Helm chart): no process
+	// is started, only the kubelet simulator and its nodes. Config and
+	// Kubeconfig are then required; Replicas is ignored.
+	External *External
+
 	// StartTimeout bounds Start. Defaults to 3 minutes (a loaded 2-core
 	// machine).
 	StartTimeout time.Duration
@@ -101,11 +108,31 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// External describes an IPAM the fleet did not start.
+type External struct {
+	// CNIAddrs are the CNI gRPC addresses the kubelet simulator calls
+	// (e.g. port-forwards to every replica pod, or one Service).
+	CNIAddrs []string
+	// SimURL is bce-sim's base URL (BCE OpenAPI and /admin/).
+	SimURL string
+	// The world bce-sim was started with and the replicas are configured
+	// for: cluster ID, VPC, the nodes' subnet and security group.
+	ClusterID, VPCID, SubnetID, SecurityGroup string
+}
+
 var namePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
 
 func (o *Options) defaults() error {
 	if (o.Config == nil) != (o.Kubeconfig == "") {
 		return errors.New("fleet: give both Config and Kubeconfig, or neither")
+	}
+	if o.External != nil {
+		e := o.External
+		if o.Config == nil || len(e.CNIAddrs) == 0 || e.SimURL == "" || e.ClusterID == "" || e.VPCID == "" ||
+			e.SubnetID == "" || e.SecurityGroup == "" {
+			return errors.New("fleet: External needs Config, Kubeconfig, CNI addresses, the bce-sim URL, cluster ID, VPC, subnet and security group")
+		}
+		o.Replicas = 0
 	}
 	if o.BinDir == "" {
 		o.BinDir = os.Getenv("CCE_IPAM_BIN_DIR")
@@ -121,7 +148,9 @@ func (o *Options) defaults() error {
 	if !namePattern.MatchString(o.Name) {
 		return fmt.Errorf("fleet: name %q: want lower-case letters, digits and dashes", o.Name)
 	}
-	setDefault(&o.Replicas, 1)
+	if o.External == nil {
+		setDefault(&o.Replicas, 1)
+	}
 	setDefault(&o.Nodes, 3)
 	setDefault(&o.SubnetCIDR, "10.20.0.0/16")
 	setDefault(&o.InstanceCPUs, 8)

@@ -131,8 +131,8 @@ func (r *Replica) args() []string {
 			"--memberlist-grpc-advertise-addr", r.grpcAddr,
 			"--namespace", o.LeaseNamespace,
 			"--shard-forward-key-file", f.forwardKey)
-		for _, peer := range f.Live() {
-			if peer != r {
+		for _, peer := range f.Replicas() {
+			if peer != r && !peer.Removed() {
 				a = append(a, "--memberlist-join", peer.GossipAddr())
 			}
 		}
@@ -154,7 +154,13 @@ func (r *Replica) Start(ctx context.Context) error {
 		return fmt.Errorf("replica %d is running", r.index)
 	}
 	r.removed = false
-	args := r.args()
+	r.mu.Unlock()
+	args := r.args() // locks the peers, never r
+	r.mu.Lock()
+	if r.p != nil && r.p.running() {
+		r.mu.Unlock()
+		return fmt.Errorf("replica %d is running", r.index)
+	}
 	p, err := startProc(fmt.Sprintf("replica-%d", r.index), r.logPath, filepath.Join(r.f.opts.BinDir, "cce-ipam"), args...)
 	if err != nil {
 		r.mu.Unlock()

@@ -87,6 +87,12 @@ func (f *Fleet) SimRateLimits(ctx context.Context) (map[bcesim.Op]bcesim.RateLim
 	return m, f.simAdmin(ctx, http.MethodGet, "/admin/ratelimits", nil, &m)
 }
 
+// AddSubnet creates one more subnet in the fleet's VPC and zone.
+func (f *Fleet) AddSubnet(ctx context.Context, id, cidr string) error {
+	return f.simAdmin(ctx, http.MethodPost, "/admin/subnets",
+		bcesim.SubnetSpec{ID: id, ZoneName: Zone, CIDR: cidr, VPCID: f.VPCID}, nil)
+}
+
 // SimCheck asks bce-sim to verify its world's own invariants.
 func (f *Fleet) SimCheck(ctx context.Context) error {
 	return f.simAdmin(ctx, http.MethodGet, "/admin/check", nil, nil)

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# make e2e-kind: the e2e lifecycle suite against a kind cluster running the
+# Helm chart with 3 replicas and bce-sim in-cluster.
+#
+#   e2e/kind/run.sh            build images, create the cluster, deploy, test, delete the cluster
+#   KEEP=1 e2e/kind/run.sh     keep the cluster afterwards (kubeconfig path is printed)
+#
+# Needs docker (or podman via `make image`), kind, kubectl, go; helm is taken
+# from bin/ (make tools) or PATH.
+#
+# Where the kubelet simulator runs: on the host, inside `go test`. It reaches
+# the API server through kind's kubeconfig, every cce-ipam replica's CNI
+# port through one `kubectl port-forward` per pod (so calls spread over all
+# replicas, as through the Service), and bce-sim's admin API through a
+# port-forward to its Service. The simulated nodes are Node objects only;
+# the suites pin their pods to them with a node selector, so kind's
+# scheduler places the pods there and the simulator plays their kubelet.
+#
+# Only the lifecycle suite runs here: the sharding and chaos suites kill,
+# pause and add replica processes, which they do on the local control plane
+# (make e2e, make e2e-chaos). CI runs the local path.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+HERE="$ROOT/e2e/kind"
+NAME=${KIND_CLUSTER_NAME:-cce-ipam-e2e}
+NS=e2e-system
+TAG=e2e
+IMAGE="cce-ipam:$TAG"
+IMAGE_SIM="cce-ipam-bce-sim:$TAG"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/cce-ipam-kind-XXXXXX")
+export KUBECONFIG="$WORK/kubeconfig"
+HELM=helm
+if [[ -x "$ROOT/bin/helm" ]]; then HELM="$ROOT/bin/helm"; fi
+
+log() { printf '[e2e-kind %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+for tool in kind kubectl go; do
+	command -v "$tool" >/dev/null || { echo "e2e-kind: $tool is not installed" >&2; exit 1; }
+done
+command -v "$HELM" >/dev/null || { echo "e2e-kind: helm is not installed (make tools builds bin/helm)" >&2; exit 1; }
+
+FORWARDS=()
+CREATED=0
+cleanup() {
+	local code=$?
+	for pid in "${FORWARDS[@]}"; do
+		kill "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
+	if [[ $code -ne 0 && $CREATED -eq 1 ]]; then
+		log "failed ($code); cluster state:"
+		kubectl get pods -A -o wide || true
+		kubectl -n "$NS" logs -l app.kubernetes.io/name=cce-ipam --tail=50 --prefix || true
+	fi
+	if [[ $CREATED -eq 1 && "${KEEP:-0}" != 1 ]]; then
+		log "deleting kind cluster $NAME"
+		kind delete cluster --name "$NAME" || true
+		rm -rf "$WORK"
+	elif [[ $CREATED -eq 1 ]]; then
+		log "kept cluster $NAME: export KUBECONFIG=$KUBECONFIG (delete: kind delete cluster --name $NAME)"
+	else
+		rm -rf "$WORK"
+	fi
+	exit "$code"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "building images $IMAGE and $IMAGE_SIM (make image)"
+make -C "$ROOT" image IMAGE="$IMAGE" IMAGE_SIM="$IMAGE_SIM"
+
+if kind get clusters 2>/dev/null | grep -qx "$NAME"; then
+	echo "e2e-kind: a kind cluster named $NAME exists already; delete it or set KIND_CLUSTER_NAME" >&2
+	exit 1
+fi
+log "creating kind cluster $NAME"
+CREATED=1
+kind create cluster --name "$NAME" --config "$HERE/cluster.yaml" --kubeconfig "$KUBECONFIG" --wait 120s
+
+log "loading images into the cluster"
+kind load docker-image --name "$NAME" "$IMAGE" "$IMAGE_SIM"
+
+log "deploying bce-sim"
+kubectl create namespace "$NS"
+kubectl -n "$NS" apply -f "$HERE/bce-sim.yaml"
+kubectl -n "$NS" rollout status deployment/bce-sim --timeout=180s
+
+log "installing the chart with 3 replicas"
+"$HELM" install cce-ipam "$ROOT/charts/cce-ipam" --namespace "$NS" -f "$HERE/values.yaml" --wait --timeout 5m
+kubectl -n "$NS" rollout status deployment/cce-ipam --timeout=180s
+
+# forward TARGET PORT: starts `kubectl port-forward TARGET :PORT` in the
+# background (its PID goes to FORWARDS, for cleanup) and sets ADDR to the
+# local address once it listens. Not called in a subshell, so FORWARDS
+# keeps the PID.
+ADDR=
+forward() {
+	local target=$1 port=$2 out
+	ADDR=
+	out="$WORK/forward-${#FORWARDS[@]}.log"
+	kubectl -n "$NS" port-forward --address 127.0.0.1 "$target" ":$port" >"$out" 2>&1 &
+	FORWARDS+=("$!")
+	for _ in $(seq 1 100); do
+		local addr
+		addr=$(sed -n 's/^Forwarding from \(127\.0\.0\.1:[0-9]*\) -> .*/\1/p' "$out" | head -n 1)
+		if [[ -n "$addr" ]]; then
+			ADDR=$addr
+			return 0
+		fi
+		sleep 0.2
+	done
+	echo "e2e-kind: port-forward to $target:$port did not start:" >&2
+	cat "$out" >&2
+	return 1
+}
+
+forward service/bce-sim 8080
+SIM_ADDR=$ADDR
+CNI=()
+for pod in $(kubectl -n "$NS" get pods -l app.kubernetes.io/name=cce-ipam --field-selector=status.phase=Running \
+	-o jsonpath='{.items[*].metadata.name}'); do
+	forward "pod/$pod" 9997
+	CNI+=("$ADDR")
+done
+if [[ ${#CNI[@]} -ne 3 ]]; then
+	echo "e2e-kind: expected 3 cce-ipam pods, found ${#CNI[@]}" >&2
+	exit 1
+fi
+CNI_LIST=$(IFS=,; echo "${CNI[*]}")
+log "bce-sim at http://$SIM_ADDR, CNI endpoints $CNI_LIST"
+
+log "running the lifecycle suite"
+cd "$ROOT"
+E2E_KUBECONFIG="$KUBECONFIG" \
+E2E_CNI_ENDPOINTS="$CNI_LIST" \
+E2E_BCE_ENDPOINT="http://$SIM_ADDR" \
+E2E_CLUSTER_ID=cce-kind \
+E2E_VPC_ID=vpc-kind \
+E2E_SUBNET_ID=sbn-kind \
+E2E_SECURITY_GROUP=g-kind \
+	go test -tags integration -count=1 -v -timeout 30m ./e2e/suites/lifecycle/
+log "passed"

@@ -1,26 +1,26 @@
 // Command demo is `make demo`: the whole system on one machine, with real
-// parts. It starts a control plane (etcd, kube-apiserver,
-// kube-controller-manager), bce-sim, a cce-ipam replica and kubelet-sim as
-// separate processes; creates a Deployment and a fixed-IP StatefulSet; and
-// shows pods getting unique IPs, a StatefulSet pod keeping its IP across a
-// restart, a scale-down releasing IPs, and the invariant checker's verdict.
+// parts, as separate processes (package e2e/fleet): a control plane (etcd,
+// kube-apiserver, kube-controller-manager), bce-sim, three cce-ipam
+// replicas that shard the nodes between them, and the kubelet simulator
+// spreading the CNI calls over every replica.
 //
-// Until sharding lands (issue #5) it runs one cce-ipam replica.
+// It first shows the basics: a Deployment and a fixed-IP StatefulSet get
+// unique IPs, a StatefulSet pod keeps its IP across a restart, a scale-down
+// releases IPs, the invariant checker agrees. Then, until Ctrl-C, it churns
+// the Deployment and shows live which replica owns how many nodes,
+// allocations per second, CNI latency, and BCE calls per second against
+// the budget. Ctrl-C stops every process it started.
 //
-//	go run ./e2e/demo --bin-dir bin --nodes 10 --pods 100 [--keep]
+//	go run ./e2e/demo --bin-dir bin [--replicas 3 --nodes 50 --pods 200 --duration 0]
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
-	"net/http"
+	"math"
+	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sort"
@@ -28,7 +28,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,28 +35,24 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/cce-ipam/sharded/cloud"
-	"github.com/cce-ipam/sharded/e2e/cluster"
+	"github.com/cce-ipam/sharded/e2e/fleet"
 	"github.com/cce-ipam/sharded/e2e/invariants"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 )
 
-const (
-	ak, sk    = "AKDEMO", "SKdemoSecret"
-	vpc       = "vpc-demo"
-	subnet    = "sbn-demo"
-	zone      = "cn-bj-a"
-	group     = "g-demo"
-	clusterID = "cce-demo"
-	ns        = "demo"
-)
+const ns = "demo"
 
 type options struct {
-	binDir  string
-	nodes   int
-	pods    int
-	keep    bool
+	binDir   string
+	replicas int
+	nodes    int
+	pods     int
+	// live shows the live view with churn after the checks, until ctx ends
+	// or duration passes (0: until Ctrl-C).
+	live     bool
+	duration time.Duration
+	// timeout bounds the start and the checks (not the live view).
 	timeout time.Duration
 	// removeDir deletes the working directory (data and logs) at the end;
 	// the command keeps it so that the logs can be read.
@@ -66,12 +61,17 @@ type options struct {
 
 func main() {
 	var o options
-	flag.StringVar(&o.binDir, "bin-dir", "bin", "directory with etcd, kube-apiserver, kube-controller-manager, bce-sim, cce-ipam and kubelet-sim")
-	flag.IntVar(&o.nodes, "nodes", 10, "simulated BCC nodes")
-	flag.IntVar(&o.pods, "pods", 100, "replicas of the demo Deployment")
-	flag.BoolVar(&o.keep, "keep", false, "keep everything running after the demo until Ctrl-C (kubeconfig is printed)")
-	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up if the demo takes longer")
+	var keep bool
+	flag.StringVar(&o.binDir, "bin-dir", "bin", "directory with etcd, kube-apiserver, kube-controller-manager, bce-sim and cce-ipam")
+	flag.IntVar(&o.replicas, "replicas", 3, "cce-ipam replicas")
+	flag.IntVar(&o.nodes, "nodes", 50, "simulated BCC nodes")
+	flag.IntVar(&o.pods, "pods", 200, "most replicas of the demo Deployment (the churn scales it between half and all of them)")
+	flag.BoolVar(&o.live, "live", true, "after the checks, churn pods and show the live view until Ctrl-C")
+	flag.BoolVar(&keep, "keep", false, "same as --live (kept for old scripts)")
+	flag.DurationVar(&o.duration, "duration", 0, "stop the live view after this long (0: until Ctrl-C)")
+	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up if start-up and checks take longer")
 	flag.Parse()
+	o.live = o.live || keep
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, o); err != nil {
@@ -85,15 +85,14 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	o.replicas = max(o.replicas, 1)
+	setupCtx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	start := time.Now()
 	step := func(format string, args ...any) {
 		fmt.Printf("[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
 
-	step("starting etcd, kube-apiserver and kube-controller-manager (built from source by make tools)")
-	// A directory of our own: Close keeps it, so the logs outlive the demo.
 	dir, err := os.MkdirTemp("", "cce-ipam-demo-")
 	if err != nil {
 		return err
@@ -101,70 +100,52 @@ func run(ctx context.Context, o options) error {
 	if o.removeDir {
 		defer os.RemoveAll(dir)
 	}
-	cp, err := cluster.Start(ctx, cluster.Options{BinDir: binDir, ControllerManager: true, Dir: dir})
+	step("starting etcd, kube-apiserver, kube-controller-manager (built by make tools), bce-sim, %d cce-ipam replicas, and %d simulated BCC nodes", o.replicas, o.nodes)
+	f, err := fleet.New(setupCtx, fleet.Options{BinDir: binDir, Dir: dir, KeepDir: true, Name: "demo",
+		Replicas: o.replicas, Nodes: o.nodes, AttachDelay: 500 * time.Millisecond})
 	if err != nil {
 		return err
 	}
-	defer cp.Close()
-	if err := cp.InstallCRDs(ctx, filepath.Join("charts", "cce-ipam", "crds")); err != nil {
+	defer func() {
+		fmt.Println("stopping every process ...")
+		if err := f.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop:", err)
+		}
+		fmt.Printf("stopped; logs in %s\n", dir)
+	}()
+	step("control plane: export KUBECONFIG=%s", f.Kubeconfig)
+	step("bce-sim: %s (admin API under /admin/)", f.SimURL())
+	for _, r := range f.Live() {
+		step("replica %d: CNI gRPC %s, Prometheus metrics %s, log %s", r.Index(), r.GRPCAddr(), r.MetricsURL(), r.LogPath())
+	}
+	if err := checks(setupCtx, f, o, step); err != nil {
 		return err
 	}
-	logDir := filepath.Join(cp.Dir, "logs")
-	if err := os.MkdirAll(logDir, 0o755); err != nil {
-		return err
+	fmt.Printf("\ndemo checks passed in %.1fs; logs in %s\n", time.Since(start).Seconds(), dir)
+	if !o.live {
+		return nil
 	}
-	procs := &processes{logDir: logDir}
-	defer procs.stopAll()
+	liveCtx := ctx
+	if o.duration > 0 {
+		var c context.CancelFunc
+		liveCtx, c = context.WithTimeout(ctx, o.duration)
+		defer c()
+	}
+	return live(liveCtx, f, o)
+}
 
-	step("starting bce-sim (the BCE OpenAPI, served to the unmodified bce-sdk-go)")
-	simOut, err := procs.start(filepath.Join(binDir, "bce-sim"), "--listen", "127.0.0.1:0", "--credential", ak+":"+sk,
-		"--vpc", vpc, "--subnet", subnet+","+zone+",10.10.0.0/16", "--security-group", group, "--attach-delay", "500ms", "--log-level", "warn")
-	if err != nil {
-		return err
-	}
-	var simURL string
-	select {
-	case line := <-simOut:
-		simURL = strings.TrimSpace(line)
-	case <-time.After(30 * time.Second):
-		return fmt.Errorf("bce-sim printed no address; see %s", logDir)
-	}
-	if _, _, err := net.SplitHostPort(strings.TrimPrefix(simURL, "http://")); err != nil {
-		return fmt.Errorf("bce-sim printed %q, not its address; see %s", simURL, logDir)
-	}
-
-	grpcAddr, metricsAddr := freeAddr(), freeAddr()
-	step("starting cce-ipam (gRPC %s, metrics http://%s/metrics)", grpcAddr, metricsAddr)
-	if _, err := procs.start(filepath.Join(binDir, "cce-ipam"), "--kubeconfig", cp.Kubeconfig, "--cluster-id", clusterID,
-		"--vpc-id", vpc, "--bce-endpoint", simURL, "--bce-region", "bj", "--bce-access-key-id", ak, "--bce-secret-access-key", sk,
-		"--bce-rate", "100", "--bce-burst", "50", "--grpc-listen", grpcAddr, "--metrics-listen", metricsAddr,
-		"--pool-check-period", "2s", "--eni-sync-period", "5s", "--gc-period", "5s"); err != nil {
-		return err
-	}
-	if err := waitHTTP(ctx, "http://"+metricsAddr+"/readyz"); err != nil {
-		return fmt.Errorf("cce-ipam not ready: %w", err)
-	}
-
-	kube := kubernetes.NewForConfigOrDie(cp.Config)
-	cs := cceclient.NewForConfigOrDie(cp.Config)
+func checks(ctx context.Context, f *fleet.Fleet, o options, step func(string, ...any)) error {
+	kube, cs := f.Kube, f.CCE
 	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	step("starting kubelet-sim: %d BCC nodes (instances, one ENI each, IPPools), kubelets and CNI plugins", o.nodes)
-	if _, err := procs.start(filepath.Join(binDir, "kubelet-sim"), "--kubeconfig", cp.Kubeconfig, "--cni-endpoint", grpcAddr,
-		"--bce-endpoint", simURL, "--bce-region", "bj", "--bce-access-key-id", ak, "--bce-secret-access-key", sk,
-		"--cluster-id", clusterID, "--vpc-id", vpc, "--subnet-id", subnet, "--zone", zone, "--security-group", group,
-		"--nodes", fmt.Sprint(o.nodes), "--namespace", ns, "--node-lease-period", "10s", "--instance-memory-gb", "64",
-		"--log-level", "warn", "--stats-period", "0"); err != nil {
-		return err
-	}
-
-	step("creating Deployment web (%d replicas) and fixed-IP StatefulSet db (3 replicas)", o.pods)
-	if err := createWorkloads(ctx, kube, o.pods); err != nil {
+	first := max(o.pods/2, 1)
+	step("creating Deployment web (%d replicas) and fixed-IP StatefulSet db (3 replicas)", first)
+	if err := createWorkloads(ctx, kube, first); err != nil {
 		return err
 	}
 	t0 := time.Now()
-	pods, err := waitRunning(ctx, kube, o.pods+3)
+	pods, err := waitRunning(ctx, kube, first+3)
 	if err != nil {
 		return err
 	}
@@ -190,33 +171,21 @@ func run(ctx context.Context, o options) error {
 	}
 	step("db-1 is Running again with the same IP %s", dbIP)
 
-	scaled := max(o.pods/5, 1)
+	scaled := max(first/5, 1)
 	step("scaling web to %d; released IPs return to the pools", scaled)
-	dep, err := kube.AppsV1().Deployments(ns).Get(ctx, "web", metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	dep.Spec.Replicas = ptr.To(int32(scaled))
-	if _, err := kube.AppsV1().Deployments(ns).Update(ctx, dep, metav1.UpdateOptions{}); err != nil {
+	if err := scaleWeb(ctx, kube, scaled); err != nil {
 		return err
 	}
 	if _, err := waitRunning(ctx, kube, scaled+3); err != nil {
 		return err
 	}
 	t1 := time.Now()
-	if err := waitWEPs(ctx, cceclient.NewForConfigOrDie(cp.Config), scaled+3); err != nil {
+	if err := waitWEPs(ctx, cs, scaled+3); err != nil {
 		return err
 	}
-	step("the %d removed pods' IPs were released (CNI DEL) in %.1fs", o.pods-scaled, time.Since(t1).Seconds())
+	step("the %d removed pods' IPs were released (CNI DEL) in %.1fs", first-scaled, time.Since(t1).Seconds())
 
-	provider, err := cloud.New(cloud.Config{Endpoint: simURL, Region: "bj", AccessKeyID: ak, SecretAccessKey: sk, Rate: 100, Burst: 100},
-		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	if err != nil {
-		return err
-	}
-	defer provider.Close()
-	checker, err := invariants.New(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 10 * time.Second},
-		kube, cs, invariants.ProviderView(provider, vpc, clusterID+"/"))
+	checker, err := f.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 10 * time.Second})
 	if err != nil {
 		return err
 	}
@@ -236,14 +205,160 @@ func run(ctx context.Context, o options) error {
 			fixed++
 		}
 	}
-	step("invariants hold; %d WorkloadEndpoints (%d fixed-IP); cce-ipam metrics:", len(weps.Items), fixed)
-	printMetrics("http://"+metricsAddr+"/metrics", "cce_ipam_allocations_total", "cce_ipam_pool_ips", "cce_ipam_enis ", "cce_ipam_gc_actions_total", "cce_ipam_cloud_api_calls_total{operation=\"BatchAddPrivateIP\"")
-	fmt.Printf("\ndemo passed in %.1fs; logs in %s\n", time.Since(start).Seconds(), logDir)
-	if o.keep {
-		fmt.Printf("keeping it running: export KUBECONFIG=%s  (Ctrl-C to stop)\n", cp.Kubeconfig)
-		<-ctx.Done()
-	}
+	step("invariants hold; %d WorkloadEndpoints (%d fixed-IP)", len(weps.Items), fixed)
 	return nil
+}
+
+func scaleWeb(ctx context.Context, kube kubernetes.Interface, n int) error {
+	patch := fmt.Sprintf(`{"spec":{"replicas":%d}}`, n)
+	_, err := kube.AppsV1().Deployments(ns).Patch(ctx, "web", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
+}
+
+// replicaSample is one replica's counters at one scrape.
+type replicaSample struct {
+	ok            bool
+	owned, member float64
+	allocs, fwd   float64
+}
+
+// live churns the Deployment and redraws the view every second until ctx
+// ends.
+func live(ctx context.Context, f *fleet.Fleet, o options) error {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	opts := f.Options()
+	budget := fmt.Sprintf("budget %.0f/s + burst %d", opts.BCERate, opts.BCEBurst)
+	prev := map[int]replicaSample{}
+	var prevBuckets map[float64]float64
+	prevAt := time.Now()
+	target := max(o.pods/2, 1)
+	lastScale := time.Time{}
+	started := time.Now()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Println()
+			return nil
+		case <-tick.C:
+		}
+		if time.Since(lastScale) > 5*time.Second {
+			target = o.pods/2 + rng.IntN(o.pods/2+1)
+			_ = scaleWeb(ctx, f.Kube, target)
+			lastScale = time.Now()
+		}
+		deleteSome(ctx, f.Kube, rng, max(target/50, 1)) // the Deployment replaces them: steady churn
+		now := time.Now()
+		dt := now.Sub(prevAt).Seconds()
+		prevAt = now
+
+		var b strings.Builder
+		b.WriteString("\033[H\033[2J")
+		fmt.Fprintf(&b, "cce-ipam demo: %d replicas, %d nodes, up %s   (Ctrl-C stops everything)\n\n",
+			len(f.Live()), len(f.Nodes()), time.Since(started).Round(time.Second))
+		fmt.Fprintf(&b, "%-8s %-8s %-6s %6s %8s %9s %9s  %s\n", "replica", "pid", "state", "nodes", "members", "allocs/s", "fwd/s", "metrics")
+		buckets := map[float64]float64{}
+		var allocRate float64
+		for _, r := range f.Live() {
+			cur := replicaSample{}
+			ss, err := r.Metrics(ctx)
+			state := "down"
+			if err == nil {
+				state = "ready"
+				if !r.Ready() {
+					state = "busy"
+				}
+				cur.ok = true
+				cur.owned, _ = ss.Sum("cce_ipam_shard_owned_nodes", nil)
+				cur.member, _ = ss.Sum("cce_ipam_shard_members", nil)
+				cur.allocs, _ = ss.Sum("cce_ipam_allocations_total", map[string]string{"result": "ok"})
+				cur.fwd, _ = ss.Sum("cce_ipam_shard_forwarded_requests_total", nil)
+				for le, v := range ss.Buckets("cce_ipam_cni_request_duration_seconds", map[string]string{"method": "AllocateIP"}) {
+					buckets[le] += v
+				}
+			}
+			p := prev[r.Index()]
+			rate := func(c, q float64) float64 {
+				if !p.ok || !cur.ok || dt <= 0 || c < q {
+					return 0
+				}
+				return (c - q) / dt
+			}
+			ar := rate(cur.allocs, p.allocs)
+			allocRate += ar
+			fmt.Fprintf(&b, "r%-7d %-8d %-6s %6.0f %8.0f %9.1f %9.1f  %s\n", r.Index(), r.PID(), state, cur.owned, cur.member,
+				ar, rate(cur.fwd, p.fwd), r.MetricsURL())
+			prev[r.Index()] = cur
+		}
+		p50, p99 := math.NaN(), math.NaN()
+		if prevBuckets != nil {
+			delta := map[float64]float64{}
+			for le, v := range buckets {
+				delta[le] = v - prevBuckets[le]
+			}
+			p50, p99 = fleet.HistogramQuantile(0.5, delta), fleet.HistogramQuantile(0.99, delta)
+		}
+		prevBuckets = buckets
+		fmt.Fprintf(&b, "\nallocations: %.1f/s   CNI AllocateIP latency (last second, all replicas): p50 %s  p99 %s\n",
+			allocRate, ms(p50), ms(p99))
+		if st, err := f.SimStats(ctx); err == nil {
+			var last int64
+			for _, s := range st.All.PerSecond {
+				if s.Unix == now.Unix()-1 {
+					last = s.Calls
+				}
+			}
+			fmt.Fprintf(&b, "BCE calls at bce-sim: %d/s (%s), busiest second %d, throttled (429) %d of %d\n",
+				last, budget, st.All.MaxPerSecond(), st.All.Throttled, st.All.Calls)
+		}
+		if pods, err := f.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err == nil {
+			running := 0
+			for _, p := range pods.Items {
+				if p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+					running++
+				}
+			}
+			fmt.Fprintf(&b, "pods: %d Running of %d (web scaled to %d every 5s, %d deleted per second; db 3 fixed-IP)\n", running, len(pods.Items), target, max(target/50, 1))
+		}
+		if k := f.Kubelet(); k != nil {
+			ks := k.Stats()
+			fmt.Fprintf(&b, "kubelet-sim: %d allocations, %d failed and retried, %d releases; since start p50 %s p99 %s\n",
+				ks.Allocations, ks.AllocationErrors, ks.Releases, ks.AllocateLatency.P50.Round(time.Microsecond*100),
+				ks.AllocateLatency.P99.Round(time.Microsecond*100))
+		}
+		fmt.Fprintf(&b, "\nkubeconfig: %s   logs: %s\n", f.Kubeconfig, f.Dir)
+		if ctx.Err() != nil {
+			continue // stopping: the scrapes above were cut short
+		}
+		fmt.Print(b.String())
+	}
+}
+
+// deleteSome deletes n random Running web pods.
+func deleteSome(ctx context.Context, kube kubernetes.Interface, rng *rand.Rand, n int) {
+	pods, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+	if err != nil {
+		return
+	}
+	var running []string
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+			running = append(running, p.Name)
+		}
+	}
+	for range min(n, len(running)) {
+		k := rng.IntN(len(running))
+		_ = kube.CoreV1().Pods(ns).Delete(ctx, running[k], metav1.DeleteOptions{})
+		running = append(running[:k], running[k+1:]...)
+	}
+}
+
+func ms(sec float64) string {
+	if math.IsNaN(sec) {
+		return "-"
+	}
+	return fmt.Sprintf("%.1fms", sec*1000)
 }
 
 func createWorkloads(ctx context.Context, kube kubernetes.Interface, replicas int) error {
@@ -353,102 +468,4 @@ func summarize(perNode map[string]int) string {
 		return "none"
 	}
 	return fmt.Sprintf("%d nodes, min %d, max %d", len(counts), counts[0], counts[len(counts)-1])
-}
-
-func printMetrics(url string, prefixes ...string) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, l := range strings.Split(string(body), "\n") {
-		for _, p := range prefixes {
-			if strings.HasPrefix(l, p) {
-				fmt.Println("    " + l)
-			}
-		}
-	}
-}
-
-func waitHTTP(ctx context.Context, url string) error {
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// processes are the demo's children: own process groups, a parent-death
-// signal, logs in logDir, all stopped at the end.
-type processes struct {
-	logDir string
-	cmds   []*exec.Cmd
-}
-
-// start runs bin; its stderr and stdout go to its log, and the first line
-// of stdout is also sent on the returned channel (buffered: nobody must read).
-func (ps *processes) start(bin string, args ...string) (<-chan string, error) {
-	if _, err := os.Stat(bin); err != nil {
-		return nil, fmt.Errorf("%s missing (make demo builds it): %w", bin, err)
-	}
-	log, err := os.Create(filepath.Join(ps.logDir, filepath.Base(bin)+".log"))
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	ps.cmds = append(ps.cmds, cmd)
-	// Hand the first line to the caller, then keep draining into the log so
-	// a chatty child never blocks on a full pipe.
-	first := make(chan string, 1)
-	go func() {
-		r := bufio.NewReader(out)
-		line, _ := r.ReadString('\n')
-		first <- line
-		_, _ = log.WriteString(line)
-		_, _ = io.Copy(log, r)
-	}()
-	return first, nil
-}
-
-func (ps *processes) stopAll() {
-	for i := len(ps.cmds) - 1; i >= 0; i-- {
-		c := ps.cmds[i]
-		_ = syscall.Kill(-c.Process.Pid, syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- c.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
-	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,7 +60,9 @@ type Fleet struct {
 	replicas  []*Replica
 	nextIndex int
 	nodes     []string
+	nodeSeq   int   // next node number
 	apiserver *proc // a restarted kube-apiserver (see RestartAPIServer)
+	netns     *netnsNet
 
 	kubeletMu     sync.Mutex
 	kubelet       *kubeletsim.Simulator
@@ -154,6 +157,15 @@ func (f *Fleet) start(ctx context.Context) error {
 	if f.Cloud, err = cloud.New(cloud.Config{Endpoint: f.simURL, Region: Region, AccessKeyID: AccessKey,
 		SecretAccessKey: SecretKey, Rate: 1000, Burst: 1000}, slog.New(slog.DiscardHandler), prometheus.NewRegistry()); err != nil {
 		return err
+	}
+	if o.NetNS {
+		u, err := url.Parse(f.Config.Host)
+		if err != nil {
+			return err
+		}
+		if err := f.setupNetNS(u.Host, strings.TrimPrefix(f.simURL, "http://")); err != nil {
+			return err
+		}
 	}
 	if f.sharded {
 		if f.gossipKey, err = writeKey(f.Dir, "gossip.key"); err != nil {
@@ -328,14 +340,11 @@ func (f *Fleet) AddNodes(ctx context.Context, n int) ([]string, error) {
 // AddNodesIn registers n more simulated nodes whose instances, first ENI
 // and IPPool use subnetID (see AddSubnet).
 func (f *Fleet) AddNodesIn(ctx context.Context, n int, subnetID string) ([]string, error) {
+	// Names are never reused, also after DeleteNode: a deleted node's
+	// instance and ENIs stay in bce-sim.
 	f.mu.Lock()
-	from := len(f.nodes)
-	for _, name := range f.nodes {
-		var k int
-		if _, err := fmt.Sscanf(strings.TrimPrefix(name, f.opts.Name+"-"), "%d", &k); err == nil && k+1 > from {
-			from = k + 1
-		}
-	}
+	from := f.nodeSeq
+	f.nodeSeq += n
 	f.mu.Unlock()
 	names := kubeletsim.NodeNames(f.opts.Name, from, n)
 	cfg := f.kubeletConfig()
@@ -401,6 +410,9 @@ func (f *Fleet) Close() error {
 		wg.Wait()
 		if f.Cluster == nil && f.Kube != nil {
 			errs = append(errs, f.deleteObjects())
+		}
+		if f.netns != nil {
+			errs = append(errs, f.netns.close())
 		}
 		if f.Cloud != nil {
 			f.Cloud.Close()

@@ -5,6 +5,7 @@ package fleet_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,5 +145,88 @@ func waitRunning(ctx context.Context, t *testing.T, kube kubernetes.Interface, n
 			t.Fatalf("%d of %d pods Running: %v", running, n, ctx.Err())
 		case <-time.After(250 * time.Millisecond):
 		}
+	}
+}
+
+// members scrapes cce_ipam_shard_members of every running replica.
+func members(ctx context.Context, f *fleet.Fleet) map[int]float64 {
+	out := map[int]float64{}
+	for _, r := range f.Live() {
+		if v, err := r.Metric(ctx, "cce_ipam_shard_members", nil); err == nil {
+			out[r.Index()] = v
+		}
+	}
+	return out
+}
+
+func waitMembers(ctx context.Context, t *testing.T, f *fleet.Fleet, want map[int]float64) {
+	t.Helper()
+	for {
+		got := members(ctx, f)
+		same := len(got) == len(want)
+		for i, w := range want {
+			same = same && got[i] == w
+		}
+		if same {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("members per replica %v, want %v: %v", got, want, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// Replicas in network namespaces on a bridge: they find each other, serve
+// pods, and a partitioned replica loses its peers (and they it) while the
+// kubelet simulator, kube-apiserver and bce-sim still reach it; healing
+// brings the ring back.
+func TestFleet_NetNS_PartitionAndHeal(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	f := fleet.Start(t, fleet.Options{Name: "nsp", Replicas: 3, Nodes: 4, NetNS: true})
+	if !f.Sharded() {
+		t.Fatal("the sharded binary is needed for three replicas")
+	}
+	r0 := f.Replica(0)
+	t.Logf("replica 0 runs in %s at %s", r0.NetNS(), r0.GRPCAddr())
+	if r0.NetNS() == "" || strings.HasPrefix(r0.GRPCAddr(), "127.") {
+		t.Fatalf("replica 0 is not in a network namespace: %q %s", r0.NetNS(), r0.GRPCAddr())
+	}
+	waitMembers(ctx, t, f, map[int]float64{0: 3, 1: 3, 2: 3})
+	ns := createNamespace(ctx, t, f.Kube)
+	createPods(ctx, t, f.Kube, ns, "a", 6)
+	waitRunning(ctx, t, f.Kube, ns, 6)
+
+	if err := f.Partition(r0); err != nil {
+		t.Fatal(err)
+	}
+	if !f.Partitioned(r0) {
+		t.Fatal("Partitioned(r0) = false after Partition")
+	}
+	start := time.Now()
+	waitMembers(ctx, t, f, map[int]float64{0: 1, 1: 2, 2: 2})
+	t.Logf("partition seen by every replica after %s", time.Since(start).Round(time.Millisecond))
+	if !r0.Ready() {
+		t.Log("replica 0 reports not ready while cut off")
+	}
+	createPods(ctx, t, f.Kube, ns, "b", 4)
+	waitRunning(ctx, t, f.Kube, ns, 10)
+
+	if err := f.Heal(r0); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	waitMembers(ctx, t, f, map[int]float64{0: 3, 1: 3, 2: 3})
+	t.Logf("ring healed after %s", time.Since(start).Round(time.Millisecond))
+	chk, err := f.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	if vs, err := chk.WaitClean(wctx, time.Second); err != nil {
+		t.Fatalf("invariants: %v\n%s", err, vs)
 	}
 }

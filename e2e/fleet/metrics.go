@@ -23,6 +23,21 @@ type Sample struct {
 // Samples is one scrape.
 type Samples []Sample
 
+// Buckets sums the cumulative buckets (le -> count) of the histogram called
+// name over the series whose labels include labels.
+func (ss Samples) Buckets(name string, labels map[string]string) map[float64]float64 {
+	buckets := map[float64]float64{}
+	for _, s := range ss {
+		if s.Name != name+"_bucket" || !matches(s.Labels, labels) {
+			continue
+		}
+		if le, err := strconv.ParseFloat(s.Labels["le"], 64); err == nil {
+			buckets[le] += s.Value
+		}
+	}
+	return buckets
+}
+
 // Sum adds the values of every series called name whose labels include all
 // of labels (nil matches every series). ok is false when no series matched.
 func (ss Samples) Sum(name string, labels map[string]string) (sum float64, ok bool) {
@@ -41,27 +56,19 @@ func (ss Samples) Sum(name string, labels map[string]string) (sum float64, ok bo
 // interpolating linearly inside a bucket, as PromQL's histogram_quantile
 // does. It returns NaN for an empty histogram.
 func (ss Samples) Quantile(name string, q float64, labels map[string]string) float64 {
-	buckets := map[float64]float64{}
-	for _, s := range ss {
-		if s.Name != name+"_bucket" || !matches(s.Labels, labels) {
-			continue
-		}
-		le, err := strconv.ParseFloat(s.Labels["le"], 64)
-		if err != nil {
-			continue
-		}
-		buckets[le] += s.Value
-	}
-	return bucketQuantile(q, buckets)
+	return HistogramQuantile(q, ss.Buckets(name, labels))
 }
 
-func bucketQuantile(q float64, buckets map[float64]float64) float64 {
+// HistogramQuantile estimates the q-quantile from cumulative bucket counts
+// (upper bound le -> count, +Inf included), e.g. the difference of two
+// scrapes' buckets for a recent window. NaN when empty.
+func HistogramQuantile(q float64, buckets map[float64]float64) float64 {
 	les := make([]float64, 0, len(buckets))
 	for le := range buckets {
 		les = append(les, le)
 	}
 	sort.Float64s(les)
-	if len(les) == 0 || buckets[les[len(les)-1]] == 0 {
+	if len(les) == 0 || buckets[les[len(les)-1]] <= 0 {
 		return math.NaN()
 	}
 	total := buckets[les[len(les)-1]]

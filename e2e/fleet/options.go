@@ -95,6 +95,13 @@ type Options struct {
 	// timeout 15s, retries 200ms..5s, node heartbeats every 10s.
 	Kubelet kubeletsim.Config
 
+	// NetNS runs every replica in its own network namespace on a bridge
+	// (10.213.X.0/24) instead of on 127.0.0.1, so that Partition can cut one
+	// off from its peers. Needs root (ip netns); New fails with a clear
+	// message where namespaces cannot be made. The replicas reach
+	// kube-apiserver and bce-sim through TCP proxies on the bridge.
+	NetNS bool
+
 	// External, when set, runs against IPAM replicas and a bce-sim the
 	// fleet did not start (a kind cluster with the Helm chart): no process
 	// is started, only the kubelet simulator and its nodes. Config and

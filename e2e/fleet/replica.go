@@ -3,7 +3,9 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -18,7 +20,9 @@ type Replica struct {
 	index       int
 	grpcAddr    string
 	metricsAddr string
+	gossipHost  string
 	gossipPort  int
+	netns       string // the network namespace it runs in (Options.NetNS)
 	logPath     string
 
 	mu       sync.Mutex
@@ -35,17 +39,29 @@ func (f *Fleet) AddReplica(ctx context.Context) (*Replica, error) {
 	if !f.sharded && len(f.Live()) >= 1 {
 		return nil, fmt.Errorf("fleet: cce-ipam has no sharding flags yet; a second replica would serve the same nodes")
 	}
-	ports, err := freePorts(3)
-	if err != nil {
-		return nil, err
+	f.mu.Lock()
+	r := &Replica{f: f, index: f.nextIndex}
+	f.nextIndex++
+	f.mu.Unlock()
+	r.logPath = filepath.Join(f.Dir, fmt.Sprintf("replica-%d.log", r.index))
+	if n := f.netns; n != nil {
+		// A namespace of its own: fixed ports on its own address.
+		if err := n.ensureSpace(r.index); err != nil {
+			return nil, err
+		}
+		host := n.addr(r.index)
+		r.grpcAddr, r.metricsAddr, r.gossipHost, r.gossipPort = host+":9997", host+":9998", host, 7946
+		r.netns = n.space(r.index)
+	} else {
+		ports, err := freePorts(3)
+		if err != nil {
+			return nil, err
+		}
+		r.grpcAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
+		r.metricsAddr = "127.0.0.1:" + strconv.Itoa(ports[1])
+		r.gossipHost, r.gossipPort = "127.0.0.1", ports[2]
 	}
 	f.mu.Lock()
-	r := &Replica{f: f, index: f.nextIndex,
-		grpcAddr:    "127.0.0.1:" + strconv.Itoa(ports[0]),
-		metricsAddr: "127.0.0.1:" + strconv.Itoa(ports[1]),
-		gossipPort:  ports[2]}
-	r.logPath = filepath.Join(f.Dir, fmt.Sprintf("replica-%d.log", r.index))
-	f.nextIndex++
 	f.replicas = append(f.replicas, r)
 	f.mu.Unlock()
 	if err := r.Start(ctx); err != nil {
@@ -67,7 +83,12 @@ func (r *Replica) MetricsAddr() string { return r.metricsAddr }
 func (r *Replica) MetricsURL() string { return "http://" + r.metricsAddr + "/metrics" }
 
 // GossipAddr is its memberlist host:port (used only when sharded).
-func (r *Replica) GossipAddr() string { return "127.0.0.1:" + strconv.Itoa(r.gossipPort) }
+func (r *Replica) GossipAddr() string {
+	return net.JoinHostPort(r.gossipHost, strconv.Itoa(r.gossipPort))
+}
+
+// NetNS is the network namespace it runs in ("" unless Options.NetNS).
+func (r *Replica) NetNS() string { return r.netns }
 
 // LogPath is its log file; every start appends to it.
 func (r *Replica) LogPath() string { return r.logPath }
@@ -115,8 +136,12 @@ func (r *Replica) Starts() int {
 
 func (r *Replica) args() []string {
 	f, o := r.f, r.f.opts
-	a := []string{"--kubeconfig", f.Kubeconfig, "--cluster-id", f.ClusterID, "--vpc-id", f.VPCID,
-		"--bce-endpoint", f.simURL, "--bce-region", Region,
+	kubeconfig, simURL := f.Kubeconfig, f.simURL
+	if n := f.netns; n != nil {
+		kubeconfig, simURL = n.kubecfg, "http://"+n.simAddr
+	}
+	a := []string{"--kubeconfig", kubeconfig, "--cluster-id", f.ClusterID, "--vpc-id", f.VPCID,
+		"--bce-endpoint", simURL, "--bce-region", Region,
 		"--bce-access-key-id", AccessKey, "--bce-secret-access-key", SecretKey,
 		"--bce-rate", strconv.FormatFloat(o.BCERate, 'g', -1, 64), "--bce-burst", strconv.Itoa(o.BCEBurst),
 		"--grpc-listen", r.grpcAddr, "--metrics-listen", r.metricsAddr,
@@ -124,8 +149,8 @@ func (r *Replica) args() []string {
 		"--pool-check-period", "1s", "--eni-sync-period", "5s", "--gc-period", "5s", "--subnet-sync-period", "5s",
 		"--ip-cooling-period", "1s", "--log-level", o.LogLevel}
 	if f.sharded {
-		a = append(a, "--memberlist-bind-addr", "127.0.0.1", "--memberlist-bind-port", strconv.Itoa(r.gossipPort),
-			"--memberlist-advertise-addr", "127.0.0.1",
+		a = append(a, "--memberlist-bind-addr", r.gossipHost, "--memberlist-bind-port", strconv.Itoa(r.gossipPort),
+			"--memberlist-advertise-addr", r.gossipHost,
 			"--memberlist-gossip-key-file", f.gossipKey,
 			"--memberlist-name-prefix", fmt.Sprintf("%s-r%d", o.Name, r.index),
 			"--memberlist-grpc-advertise-addr", r.grpcAddr,
@@ -161,7 +186,18 @@ func (r *Replica) Start(ctx context.Context) error {
 		r.mu.Unlock()
 		return fmt.Errorf("replica %d is running", r.index)
 	}
-	p, err := startProc(fmt.Sprintf("replica-%d", r.index), r.logPath, filepath.Join(r.f.opts.BinDir, "cce-ipam"), args...)
+	bin := filepath.Join(r.f.opts.BinDir, "cce-ipam")
+	cmd := append([]string{}, args...)
+	if r.netns != "" {
+		// ip execs the binary in place: the PID, process group and
+		// parent-death signal are the replica's.
+		cmd = append([]string{"netns", "exec", r.netns, bin}, args...)
+		bin = "ip"
+		if path, err := exec.LookPath("ip"); err == nil {
+			bin = path
+		}
+	}
+	p, err := startProc(fmt.Sprintf("replica-%d", r.index), r.logPath, bin, cmd...)
 	if err != nil {
 		r.mu.Unlock()
 		return err

@@ -90,7 +90,9 @@ func TestChaos(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), duration+10*time.Minute)
 	defer cancel()
-	f := env.Fleet(t, fleet.Options{Name: "chaos", Replicas: 3, Nodes: 8})
+	// NetNS: every replica in its own network namespace, so one can be cut
+	// off from its peers.
+	f := env.Fleet(t, fleet.Options{Name: "chaos", Replicas: 3, Nodes: 8, NetNS: true})
 	if !f.Sharded() {
 		t.Fatal("cce-ipam has no sharding flags; the chaos suite needs issue #5")
 	}
@@ -163,7 +165,7 @@ func TestChaos(t *testing.T) {
 	end := time.Now().Add(duration)
 	lastAPIRestart := time.Now()
 	for time.Now().Before(end) && ctx.Err() == nil {
-		switch k := rng.IntN(7); {
+		switch k := rng.IntN(8); {
 		case k == 0 || k == 1:
 			r := pick()
 			down := hold(time.Second, 8*time.Second)
@@ -242,12 +244,30 @@ func TestChaos(t *testing.T) {
 				t.Fatal(err)
 			}
 			lastAPIRestart = time.Now()
+		case k == 6:
+			r := pick()
+			d := hold(2*time.Second, 15*time.Second) // past the lease duration sometimes
+			faults.add(t, "partition", fmt.Sprintf("replica %d cut off from its peers for %s", r.Index(), d))
+			if err := f.Partition(r); err != nil {
+				t.Fatal(err)
+			}
+			sleep(d)
+			if err := f.Heal(r); err != nil {
+				t.Fatal(err)
+			}
 		default:
 			sleep(hold(500*time.Millisecond, 3*time.Second)) // a quiet spell
 		}
 	}
 
 	// Heal and let it settle.
+	for _, r := range replicas {
+		if f.Partitioned(r) {
+			if err := f.Heal(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	if err := f.SetFaults(ctx, bcesim.Faults{}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,6 @@
 // Package chaos is the seeded, time-bounded chaos suite: while pods churn,
-// replicas are SIGKILLed and restarted, SIGSTOPped and resumed, bce-sim
+// replicas are SIGKILLed and restarted, SIGSTOPped and resumed, cut off
+// from their peers (each replica runs in its own network namespace), bce-sim
 // answers 429s, 5xx, slowly or from a lagging replica, and kube-apiserver
 // is restarted. The invariant checker runs throughout and at the end; the
 // test prints the pods churned, the faults injected and the violations.

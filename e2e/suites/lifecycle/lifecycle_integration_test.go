@@ -166,16 +166,18 @@ func TestLifecycle(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		ectx, ecancel := context.WithTimeout(ctx, 3*time.Minute)
+		defer ecancel()
 		var failed *corev1.Event
 		for failed == nil {
-			list, err := f.Kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=AllocateIPFailed"})
+			list, err := f.Kube.CoreV1().Events(ns).List(ectx, metav1.ListOptions{FieldSelector: "reason=AllocateIPFailed"})
 			if err == nil && len(list.Items) > 0 {
 				failed = &list.Items[0]
 				break
 			}
 			select {
-			case <-ctx.Done():
-				t.Fatalf("no AllocateIPFailed event for 20 pods on a /28 subnet: %v", ctx.Err())
+			case <-ectx.Done():
+				t.Fatalf("no AllocateIPFailed event for 20 pods on a /28 subnet: %v", ectx.Err())
 			case <-time.After(time.Second):
 			}
 		}

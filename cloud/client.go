@@ -2,6 +2,7 @@ package cloud
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -89,6 +90,17 @@ func (c *Client) SetRate(rate float64, burst int64) error {
 	return nil
 }
 
+type noWaitKey struct{}
+
+// ErrWouldWait fails a NoWait call whose operation has no token at once.
+var ErrWouldWait = errors.New("the operation's rate limit has no token now")
+
+// NoWait marks ctx so that a call fails with ErrWouldWait rather than wait
+// for its operation's bucket: housekeeping (the periodic ENI sync) yields
+// scarce tokens (ListENIs: about one a second for the cluster) to the calls
+// that serve pods, such as a takeover's rebuild.
+func NoWait(ctx context.Context) context.Context { return context.WithValue(ctx, noWaitKey{}, true) }
+
 // SetGate installs a check made before every attempt, before and after the
 // token wait: while it returns an error no request is sent (the call fails
 // with class Canceled). The shard layer closes the gate of a replica whose
@@ -144,7 +156,14 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 		var waited time.Duration
 		var err error
 		if ol := c.opLimits[op]; ol != nil {
-			waited, err = ol.Wait(ctx)
+			if ctx.Value(noWaitKey{}) != nil {
+				if !ol.TryTake() {
+					c.m.calls.WithLabelValues(op, ClassCanceled.String()).Inc()
+					return &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: "skipped: " + ErrWouldWait.Error(), cause: ErrWouldWait}
+				}
+			} else {
+				waited, err = ol.Wait(ctx)
+			}
 		}
 		if err == nil {
 			var w time.Duration

@@ -81,3 +81,10 @@ func (l *Limiter) Wait(ctx context.Context) (time.Duration, error) {
 		return time.Since(start), ctx.Err()
 	}
 }
+
+// TryTake takes one token if one is available now, without waiting.
+func (l *Limiter) TryTake() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.bucket.TakeAvailable(1) == 1
+}

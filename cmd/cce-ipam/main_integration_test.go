@@ -133,6 +133,8 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Other tests of this package share the API server: leave no node behind.
+	t.Cleanup(func() { _ = kube.CoreV1().Nodes().Delete(context.Background(), "node-bin", metav1.DeleteOptions{}) })
 	ns := cp.Namespace(t)
 	if _, err := kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},

@@ -744,6 +744,16 @@ func TestSharding_KillFailover(t *testing.T) {
 	if worst > 10*time.Second {
 		t.Logf("failover %.1fs is above the 10s target", worst.Seconds())
 	}
+	if os.Getenv("SHARD_DEBUG") != "" {
+		for _, r := range e.replicas {
+			data, _ := os.ReadFile(r.logPath)
+			for _, l := range strings.Split(string(data), "\n") {
+				if strings.Contains(l, "served nodes") || strings.Contains(l, "ring members") || strings.Contains(l, "serving node failed") {
+					t.Logf("%s: %s", r.name, l)
+				}
+			}
+		}
+	}
 }
 
 // (c) SIGSTOP a replica for longer than its lease while other replicas take

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"reflect"
 	"slices"
 	"strings"
@@ -196,8 +197,18 @@ func (i *IPAM) syncLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C():
-			if err := i.SyncENIs(ctx); err != nil && ctx.Err() == nil {
-				i.log.Warn("ENI sync failed", "err", err)
+			// The sync yields the scarce ListENIs tokens to rebuilds: when
+			// none is free it tries again a little later.
+			for try := 0; ; try++ {
+				err := i.SyncENIs(cloud.NoWait(ctx))
+				if errors.Is(err, cloud.ErrWouldWait) && try < 10 {
+					i.sleep(ctx, time.Second+time.Duration(mrand.Int64N(int64(time.Second))))
+					continue
+				}
+				if err != nil && ctx.Err() == nil {
+					i.log.Warn("ENI sync failed", "err", err)
+				}
+				break
 			}
 		}
 	}

@@ -113,3 +113,13 @@ e2e-chaos: tools binaries
 ## e2e-kind: images, a kind cluster, the chart with 3 replicas and bce-sim, the lifecycle suite (needs docker and kind).
 e2e-kind: tools
 	e2e/kind/run.sh
+
+## bench (issue #8): the benchmark report, bench/results/<date>/report.md (short) or report-long.md, with plots.
+## bench: short profile (≤ 15 min on two cores); bench-long: 1,000 and 3,000 nodes (long).
+.PHONY: bench bench-long
+BENCH_ARGS ?=
+bench: tools binaries
+	BENCH_COMMAND="make bench" $(GO) run ./bench/cmd/bench --profile short --bin-dir $(BIN) $(BENCH_ARGS)
+
+bench-long: tools binaries
+	BENCH_COMMAND="make bench-long" $(GO) run ./bench/cmd/bench --profile long --bin-dir $(BIN) $(BENCH_ARGS)

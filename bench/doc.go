@@ -1,0 +1,24 @@
+// Package bench is issue #8's benchmark: it runs the whole system as
+// processes on this machine (a real etcd + kube-apiserver, bce-sim, cce-ipam
+// replicas through e2e/fleet) and measures, side by side with a baseline in
+// the same run:
+//
+//  1. warm AllocateIP latency and throughput, 1 and 3 replicas, against a
+//     bare WorkloadEndpoint Create at the same concurrency;
+//  2. failover after SIGKILL against memberlist's failure detection;
+//  3. BCE calls to take nodes over against one paginated VPC-wide list;
+//  4. memory per replica with 1 and with 3 replicas;
+//  5. the BCE budget at bce-sim while replicas join and leave;
+//  6. cold start of 3 replicas against 1.
+//
+// cmd/bench runs it (`make bench`, `make bench-long`):
+//
+//	err := bench.Run(ctx, bench.Config{Profile: bench.Profiles["short"],
+//		BinDir: "bin", RepoRoot: ".", WorkDir: tmp, OutDir: "bench/results/2025-01-02"})
+//
+// The benchmark reports; it never fails on a number. Run returns
+// ErrInvariant when the system broke an invariant (an IP handed to a second
+// pod while the first still holds it, or a finding of e2e/invariants on the
+// settled cluster). Every process is stopped on return, also on error or
+// when ctx is cancelled (Ctrl-C).
+package bench

@@ -1,0 +1,77 @@
+package bench
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Profile sizes a run. Short fits `make bench` (≤ 15 min on two cores);
+// Long is `make bench-long`.
+type Profile struct {
+	Name string
+
+	// Item 1: LatNodes nodes, waves of LatPerNode allocations on every node
+	// (at most the warm pool's IdleMin, so every call finds an idle IP),
+	// Conc calls in flight; LatWaves waves per repeat, Repeats repeats.
+	LatNodes, LatPerNode, LatWaves, Repeats, Conc int
+	// Warm pool bounds of every replica.
+	IdleMin, IdleMax int
+	// The cluster-wide BCE budget (--bce-rate, --bce-burst).
+	BudgetRate  float64
+	BudgetBurst int
+
+	// Item 2: FailRepeats SIGKILLs during churn by ChurnWorkers workers.
+	FailRepeats, ChurnWorkers int
+	// Item 5: how long replicas join and leave under load, and how long one
+	// replica is busy alone.
+	BudgetLoad, BusyAlone time.Duration
+
+	// Items 3, 4, 6: cluster sizes, measured one after the other (nodes and
+	// pods are added to reach the next size).
+	Scales []Scale
+	// ColdRepeats cold starts per size and replica count.
+	ColdRepeats int
+	// MemWindow is how long memory is sampled in a settled cluster.
+	MemWindow time.Duration
+}
+
+// Scale is a cluster size for the memory, takeover and cold-start items.
+type Scale struct {
+	Nodes, PodsPerNode int
+}
+
+func (s Scale) String() string {
+	return fmt.Sprintf("%d nodes / %d pods", s.Nodes, s.Nodes*s.PodsPerNode)
+}
+
+// Profiles by name.
+var Profiles = map[string]Profile{
+	"smoke": {Name: "smoke", LatNodes: 6, LatPerNode: 4, LatWaves: 1, Repeats: 1, Conc: 8, IdleMin: 4, IdleMax: 16,
+		BudgetRate: 20, BudgetBurst: 10, FailRepeats: 1, ChurnWorkers: 6, BudgetLoad: 30 * time.Second,
+		BusyAlone: 10 * time.Second, Scales: []Scale{{Nodes: 30, PodsPerNode: 5}}, ColdRepeats: 1, MemWindow: 5 * time.Second},
+	"short": {Name: "short", LatNodes: 30, LatPerNode: 4, LatWaves: 2, Repeats: 3, Conc: 8, IdleMin: 4, IdleMax: 16,
+		BudgetRate: 20, BudgetBurst: 10, FailRepeats: 3, ChurnWorkers: 6, BudgetLoad: 60 * time.Second,
+		BusyAlone: 20 * time.Second, Scales: []Scale{{Nodes: 300, PodsPerNode: 30}}, ColdRepeats: 2, MemWindow: 10 * time.Second},
+	"long": {Name: "long", LatNodes: 60, LatPerNode: 4, LatWaves: 3, Repeats: 5, Conc: 8, IdleMin: 4, IdleMax: 16,
+		BudgetRate: 20, BudgetBurst: 10, FailRepeats: 5, ChurnWorkers: 6, BudgetLoad: 90 * time.Second,
+		BusyAlone: 30 * time.Second, Scales: []Scale{{Nodes: 1000, PodsPerNode: 30}, {Nodes: 3000, PodsPerNode: 30}},
+		ColdRepeats: 2, MemWindow: 20 * time.Second},
+}
+
+// Config is one run.
+type Config struct {
+	Profile Profile
+	// BinDir holds cce-ipam, bce-sim, etcd and kube-apiserver.
+	BinDir string
+	// RepoRoot is the module's root (for the CRDs).
+	RepoRoot string
+	// WorkDir receives the control plane's and the processes' logs.
+	WorkDir string
+	// OutDir receives report.md (or ReportName) and the plots.
+	OutDir     string
+	ReportName string
+	// Command is the command line, quoted in the report.
+	Command string
+	Logger  *slog.Logger
+}

@@ -1,0 +1,253 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cce-ipam/sharded/bench/report"
+	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/cloud/bcesim"
+	"github.com/cce-ipam/sharded/e2e/fleet"
+)
+
+// coldStart is one start of `replicas` fresh processes on a settled cluster.
+type coldStart struct {
+	replicas int
+	took     time.Duration // start until every node is served
+	calls    map[bcesim.Op]int64
+	total    int64
+	// Memory per replica, sampled for MemWindow after the start.
+	peakRSS, heapInuse []float64
+}
+
+// scaleResult is items 3, 4 and 6 for one cluster size.
+type scaleResult struct {
+	scale       Scale
+	nodes, pods int
+	enis        int
+	fillTook    time.Duration
+	fillLost    int64
+	cold        []coldStart // alternating 3, 1, 3, 1, ...
+}
+
+func (s *scaleResult) of(replicas int) []coldStart {
+	var out []coldStart
+	for _, c := range s.cold {
+		if c.replicas == replicas {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// steadyArgs are the product's default periods for the background loops,
+// so that a cold start's BCE calls are the start's and not the fleet's
+// test-speed ENI syncs.
+var steadyArgs = []string{"--eni-sync-period", "20s", "--subnet-sync-period", "15s", "--gc-period", "2m"}
+
+// runScale grows the cluster to s (nodes, then pods, through the IPAM),
+// then cold-starts 3 replicas and 1 replica on it, ColdRepeats times each.
+func (e *env) runScale(ctx context.Context, s Scale, filled map[string]bool) (*scaleResult, error) {
+	p := e.cfg.Profile
+	res := &scaleResult{scale: s}
+	if missing := s.Nodes - len(e.f.Nodes()); missing > 0 {
+		e.log.Info("registering nodes", "count", missing)
+		if _, err := e.addNodes(ctx, missing); err != nil {
+			return nil, err
+		}
+	}
+	// Fill: a generous budget and no bce-sim limits, so it goes fast.
+	e.setPhaseArgs("--bce-rate", "400", "--bce-burst", "200")
+	if err := e.restartAll(ctx, 3); err != nil {
+		return nil, err
+	}
+	if err := e.simLimits(ctx, false); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	lost, err := e.fill(ctx, s.PodsPerNode, filled)
+	res.fillTook, res.fillLost = time.Since(start), lost
+	if err != nil {
+		return nil, err
+	}
+	if err := e.simLimits(ctx, true); err != nil {
+		return nil, err
+	}
+	e.setPhaseArgs(steadyArgs...)
+	defer e.setPhaseArgs()
+	res.nodes = len(e.f.Nodes())
+	for range filled {
+		res.pods += s.PodsPerNode
+	}
+	enis, err := e.f.Cloud.ListENIs(ctx, cloud.ListENIsOptions{VPCID: e.f.VPCID})
+	if err != nil {
+		return nil, err
+	}
+	res.enis = len(enis)
+	sleep(ctx, 10*time.Second) // pools settle after the fill
+
+	for rep := range p.ColdRepeats {
+		for _, n := range []int{3, 1} {
+			c, err := e.coldStart(ctx, n)
+			if err != nil {
+				return nil, err
+			}
+			res.cold = append(res.cold, c)
+			e.log.Info("cold start", "scale", s.String(), "repeat", rep+1, "replicas", n, "took_s", c.took.Seconds(),
+				"bce_calls", c.total, "list_enis", c.calls[bcesim.OpListENIs],
+				"peak_rss_mib", report.Max(c.peakRSS)/(1<<20), "heap_inuse_mib", report.Max(c.heapInuse)/(1<<20))
+		}
+	}
+	// Leave three replicas running for what follows.
+	return res, e.restartAll(ctx, 3)
+}
+
+// restartAll terminates every running replica and starts the first n of
+// replicas 0, 1, 2 again (concurrently), waiting until they settle.
+func (e *env) restartAll(ctx context.Context, n int) error {
+	if err := e.stopAll(); err != nil {
+		return err
+	}
+	return e.startN(ctx, n)
+}
+
+func (e *env) stopAll() error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for _, r := range e.running() {
+		wg.Go(func() {
+			if err := r.Terminate(); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// startN starts replicas 0..n-1 at once and waits until every node is
+// served. (The stopped ones stay in the join lists: joining them fails,
+// harmlessly.)
+func (e *env) startN(ctx context.Context, n int) error {
+	var rs []*fleet.Replica
+	for i := range n {
+		rs = append(rs, e.f.Replica(i))
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(rs))
+	for i, r := range rs {
+		wg.Go(func() { errs[i] = r.Start(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	_, err := e.settle(ctx, len(e.f.Nodes()), 10*time.Minute)
+	return err
+}
+
+// coldStart stops every replica, starts n fresh ones and measures the time
+// and BCE calls until every node is served, then samples their memory.
+func (e *env) coldStart(ctx context.Context, n int) (coldStart, error) {
+	c := coldStart{replicas: n, calls: map[bcesim.Op]int64{}}
+	if err := e.stopAll(); err != nil {
+		return c, err
+	}
+	sleep(ctx, 2*time.Second)
+	before, err := e.f.SimStats(ctx)
+	if err != nil {
+		return c, err
+	}
+	start := time.Now()
+	if err := e.startN(ctx, n); err != nil {
+		return c, err
+	}
+	c.took = time.Since(start)
+	after, err := e.f.SimStats(ctx)
+	if err != nil {
+		return c, err
+	}
+	for op, st := range after.Ops {
+		if d := st.Calls - before.Ops[op].Calls; d > 0 {
+			c.calls[op] = d
+			c.total += d
+		}
+	}
+	from := time.Now()
+	sleep(ctx, e.cfg.Profile.MemWindow)
+	peak := map[int]float64{}
+	heap := map[int]float64{}
+	for _, sm := range e.smp.window(start, time.Now()) {
+		peak[sm.replica] = max(peak[sm.replica], sm.hwm)
+		if !sm.at.Before(from) {
+			heap[sm.replica] = max(heap[sm.replica], sm.heapInuse)
+		}
+	}
+	for _, r := range e.running() {
+		// One last reading, in case the window was short.
+		hwm, _ := procMem(r.PID())
+		c.peakRSS = append(c.peakRSS, max(peak[r.Index()], hwm))
+		c.heapInuse = append(c.heapInuse, heap[r.Index()])
+	}
+	return c, ctx.Err()
+}
+
+// fill gives every node not yet filled perNode Running pods, through the
+// IPAM (create, ADD at a random replica, status with the IP).
+func (e *env) fill(ctx context.Context, perNode int, filled map[string]bool) (int64, error) {
+	var todo []string
+	for _, n := range e.f.Nodes() {
+		if !filled[n] {
+			todo = append(todo, n)
+		}
+	}
+	e.log.Info("filling nodes", "nodes", len(todo), "pods", len(todo)*perNode)
+	target := e.randomTarget()
+	var lost, done atomic.Int64
+	pods := make([]pod, 0, len(todo)*perNode)
+	for k := range perNode {
+		for _, n := range todo {
+			pods = append(pods, pod{name: fmt.Sprintf("fill-%s-%d", n, k), node: n})
+		}
+	}
+	stopLog := make(chan struct{})
+	var logWG sync.WaitGroup
+	logWG.Go(func() {
+		t := time.NewTicker(30 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopLog:
+				return
+			case <-t.C:
+				e.log.Info("fill progress", "done", done.Load(), "of", len(pods))
+			}
+		}
+	})
+	err := parallel(ctx, len(pods), 24, func(ctx context.Context, i int) error {
+		pd := pods[i]
+		if err := retry(ctx, time.Minute, func() error { return e.drv.createPod(ctx, pd) }); err != nil {
+			return err
+		}
+		ip, err := e.drv.allocateRetry(ctx, target, pd, e.drv.containerID(), 3*time.Minute)
+		if err != nil {
+			lost.Add(1)
+			return nil
+		}
+		done.Add(1)
+		return e.drv.setRunning(ctx, pd, ip)
+	})
+	close(stopLog)
+	logWG.Wait()
+	for _, n := range todo {
+		filled[n] = true
+	}
+	return lost.Load(), err
+}

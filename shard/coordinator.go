@@ -789,8 +789,8 @@ func (c *Coordinator) writeLease(ctx context.Context) {
 	until := sent.Add(c.cfg.RenewDeadline)
 	c.mu.Lock()
 	c.myLease = out
-	lapsed := !sent.Before(c.leaseValidUntil)
-	if !lapsed && until.After(c.leaseValidUntil) {
+	lapsed := !c.leaseValidUntil.IsZero() && !sent.Before(c.leaseValidUntil)
+	if !lapsed && until.After(c.leaseValidUntil) { // the first lease, or a timely renewal
 		c.leaseValidUntil = until
 	}
 	c.mu.Unlock()

@@ -1,0 +1,109 @@
+package shard
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+type noNodes struct{}
+
+func (noNodes) ServeNodes(context.Context, []string) map[string]error { return nil }
+func (noNodes) StopServingNode(string)                                {}
+
+// newTestCoordinator is a Coordinator over a fake clientset and clock, for
+// narrow tests of its fencing rules (the process-level tests use a real API
+// server).
+func newTestCoordinator(t *testing.T) (*Coordinator, *clocktesting.FakeClock) {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC))
+	kube := fake.NewClientset()
+	nodeInf := informers.NewSharedInformerFactory(kube, 0).Core().V1().Nodes().Informer()
+	c, err := New(Config{Namespace: "ns"}, "r0", Addresses{GRPC: "127.0.0.1:1", HTTP: "127.0.0.1:2"},
+		Deps{Kube: kube, Nodes: noNodes{}, NodeInformer: nodeInf, Clock: clk}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, clk
+}
+
+// After a pause longer than the renew deadline, a successful renewal must not
+// make the old claims servable again: every partition is fenced first and
+// must be won again by CAS (a watch that has not caught up may still show
+// the claims as ours).
+func TestCoordinator_LapsedLeaseFencesBeforeRenewalCounts(t *testing.T) {
+	c, clk := newTestCoordinator(t)
+	ctx := context.Background()
+	const node = "node-a"
+	p := PartitionOf(c.cfg.Ring.Partitions, node)
+
+	c.writeLease(ctx) // creates the replica Lease; valid for RenewDeadline
+	c.mu.Lock()
+	if err := c.own.set(p, Claiming); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.own.set(p, Serving); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Unlock()
+	if _, err := c.MayAct(node); err != nil {
+		t.Fatalf("serving with a fresh lease: %v", err)
+	}
+
+	clk.Step(c.cfg.LeaseDuration + time.Second) // paused past the lease
+	if _, err := c.MayAct(node); err == nil {
+		t.Fatal("MayAct allowed a write after the lease lapsed")
+	}
+	c.writeLease(ctx) // the first renewal after SIGCONT succeeds
+	if _, err := c.MayAct(node); err == nil {
+		t.Fatal("a renewal after a lapse re-armed the old claim before it was fenced")
+	}
+	// The loop applies the relapse: the partition is fenced, the lease valid.
+	select {
+	case f := <-c.results:
+		f()
+	default:
+		t.Fatal("a renewal after a lapse queued no fence")
+	}
+	if st := c.own.State(p); st != Unowned {
+		t.Fatalf("partition state after the relapse = %s, want unowned", st)
+	}
+	if !c.LeaseValid() {
+		t.Fatal("the lease is not valid after the renewal was applied")
+	}
+	if _, err := c.MayAct(node); err == nil {
+		t.Fatal("MayAct allowed a write on a claim that must be won again")
+	}
+	if err := c.Gate(); err != nil {
+		t.Fatalf("gate with no budget configured: %v", err)
+	}
+}
+
+// A renewal that is not late extends the lease and fences nothing.
+func TestCoordinator_TimelyRenewalKeepsServing(t *testing.T) {
+	c, clk := newTestCoordinator(t)
+	ctx := context.Background()
+	const node = "node-b"
+	p := PartitionOf(c.cfg.Ring.Partitions, node)
+	c.writeLease(ctx)
+	c.mu.Lock()
+	_ = c.own.set(p, Claiming)
+	_ = c.own.set(p, Serving)
+	c.mu.Unlock()
+	for range 10 {
+		clk.Step(c.cfg.RenewPeriod)
+		c.writeLease(ctx)
+	}
+	if _, err := c.MayAct(node); err != nil {
+		t.Fatalf("timely renewals: %v", err)
+	}
+	select {
+	case <-c.results:
+		t.Fatal("a timely renewal queued a fence")
+	default:
+	}
+}

@@ -1,0 +1,109 @@
+package shard
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+func TestAuthenticator_SignVerify(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	a := NewAuthenticator(key)
+	a.now = func() time.Time { return now }
+	req := &rpc.AllocateIPRequest{K8SPodName: "web-0", K8SPodNamespace: "default", K8SPodInfraContainerID: "abc"}
+	h := a.Sign(methodAllocate, req, "r1-aa")
+	if from, err := a.Verify(methodAllocate, req, h); err != nil || from != "r1-aa" {
+		t.Fatalf("verify own signature: %q, %v", from, err)
+	}
+	other := NewAuthenticator([]byte("another key, another cluster...."))
+	other.now = a.now
+	cases := map[string]func() (string, error){
+		"other key":    func() (string, error) { return other.Verify(methodAllocate, req, h) },
+		"other method": func() (string, error) { return a.Verify(methodRelease, req, h) },
+		"other pod": func() (string, error) {
+			return a.Verify(methodAllocate, &rpc.AllocateIPRequest{K8SPodName: "web-1", K8SPodNamespace: "default", K8SPodInfraContainerID: "abc"}, h)
+		},
+		"other sandbox": func() (string, error) {
+			return a.Verify(methodAllocate, &rpc.AllocateIPRequest{K8SPodName: "web-0", K8SPodNamespace: "default", K8SPodInfraContainerID: "abd"}, h)
+		},
+		"other sender": func() (string, error) { return a.Verify(methodAllocate, req, "r2-bb"+h[strings.Index(h, ";"):]) },
+		"malformed":    func() (string, error) { return a.Verify(methodAllocate, req, "nonsense") },
+		"empty sender": func() (string, error) { return a.Verify(methodAllocate, req, h[strings.Index(h, ";"):]) },
+		"stale": func() (string, error) {
+			late := NewAuthenticator(key)
+			late.now = func() time.Time { return now.Add(forwardSkew + time.Second) }
+			return late.Verify(methodAllocate, req, h)
+		},
+	}
+	for name, verify := range cases {
+		if _, err := verify(); !errors.Is(err, ErrForgedForward) {
+			t.Errorf("%s: got %v, want ErrForgedForward", name, err)
+		}
+	}
+}
+
+// FuzzVerify: any header, for any request, is an error or a verified sender;
+// never a panic.
+func FuzzVerify(f *testing.F) {
+	a := NewAuthenticator([]byte("0123456789abcdef"))
+	req := &rpc.AllocateIPRequest{K8SPodName: "p", K8SPodNamespace: "n", K8SPodInfraContainerID: "c"}
+	f.Add(a.Sign(methodAllocate, req, "r0"), "p", "n", "c")
+	f.Add(";;", "", "", "")
+	f.Add("a;99999999999999999999;x", "p", "n", "c")
+	f.Fuzz(func(t *testing.T, header, pod, ns, cid string) {
+		r := &rpc.AllocateIPRequest{K8SPodName: pod, K8SPodNamespace: ns, K8SPodInfraContainerID: cid}
+		from, err := a.Verify(methodAllocate, r, header)
+		if err == nil && from == "" {
+			t.Fatal("verified with an empty sender")
+		}
+	})
+}
+
+func TestRemoteError_KeepsNotOwnerRetryable(t *testing.T) {
+	for _, msg := range []string{
+		"AllocateIP ns/p (abc): not the owner of the node: no replica serves node n yet; retry",
+		"AllocateIP ns/p (abc): node not served by this replica: n",
+	} {
+		if err := remoteError(msg); !retryable(err) {
+			t.Errorf("%q: not retryable", msg)
+		}
+	}
+	if err := remoteError("AllocateIP ns/p (abc): no idle IP on the node"); retryable(err) {
+		t.Errorf("an ordinary failure became retryable: %v", err)
+	}
+}
+
+func TestTarget_SharesNeverExceedTheBudget(t *testing.T) {
+	for _, global := range []Share{{10, 5}, {20, 10}, {7, 3}, {100, 1}} {
+		for n := 1; n <= 9; n++ {
+			var live []string
+			for i := range n {
+				live = append(live, string(rune('a'+i)))
+			}
+			var sum Share
+			for _, m := range live {
+				s := target(global, live, m)
+				if s.Burst < 1 || s.Rate <= 0 {
+					t.Fatalf("global %v, %d replicas: %s gets %v", global, n, m, s)
+				}
+				sum.Rate += s.Rate
+				sum.Burst += s.Burst
+			}
+			if sum.Rate > global.Rate+1e-9 {
+				t.Errorf("global %v, %d replicas: rates sum to %v", global, n, sum.Rate)
+			}
+			// Burst cannot go below one token each; within that, it never
+			// exceeds the global burst.
+			if sum.Burst > max(global.Burst, int64(n)) {
+				t.Errorf("global %v, %d replicas: bursts sum to %d", global, n, sum.Burst)
+			}
+		}
+	}
+	if s := target(Share{10, 5}, []string{"a", "b"}, "c"); s != (Share{}) {
+		t.Errorf("a replica outside the ring gets %v", s)
+	}
+}

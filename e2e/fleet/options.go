@@ -104,9 +104,9 @@ type Options struct {
 
 	// External, when set, runs against IPAM replicas and a bce-sim the
 	// fleet did not start (a kind cluster with the Helm chart): no process
-	// is started, only the kubelet simulator and its nodes, and it leaves
-	// binding pods to the cluster's scheduler. Config and Kubeconfig are
-	// then required; Replicas is ignored.
+	// is started, only the kubelet simulator and its nodes (set
+	// Kubelet.NoScheduling when the cluster has a scheduler). Config and
+	// Kubeconfig are then required; Replicas is ignored.
 	External *External
 
 	// StartTimeout bounds Start. Defaults to 3 minutes (a loaded 2-core
@@ -141,9 +141,6 @@ func (o *Options) defaults() error {
 			return errors.New("fleet: External needs Config, Kubeconfig, CNI addresses, the bce-sim URL, cluster ID, VPC, subnet and security group")
 		}
 		o.Replicas = 0
-		// A real scheduler places the pods (the suites pin them to the
-		// simulated nodes with a node selector).
-		o.Kubelet.NoScheduling = true
 	}
 	if o.BinDir == "" {
 		o.BinDir = os.Getenv("CCE_IPAM_BIN_DIR")

@@ -13,6 +13,8 @@
 //	E2E_BCE_ENDPOINT     bce-sim base URL (BCE OpenAPI and /admin/)
 //	E2E_CLUSTER_ID, E2E_VPC_ID, E2E_SUBNET_ID, E2E_SECURITY_GROUP
 //	                     the world bce-sim and the replicas are set up with
+//	E2E_SCHEDULER        cluster (default: kube-scheduler binds the pods) or
+//	                     kubelet-sim (the simulator binds them)
 //
 // Suites that kill, pause or add replicas need Env.Local (they control the
 // processes); the kind path runs the lifecycle suite.

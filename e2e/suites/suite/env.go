@@ -29,6 +29,10 @@ type Env struct {
 	Kubeconfig string
 	// External is set on the kind path.
 	External *fleet.External
+	// KubeletSchedules makes the kubelet simulator bind pods on the kind
+	// path too (E2E_SCHEDULER=kubelet-sim, for clusters without a
+	// scheduler); by default the cluster's scheduler does.
+	KubeletSchedules bool
 }
 
 // Local reports whether the suite runs on the local control plane with
@@ -97,7 +101,15 @@ func fromEnv() (*Env, error) {
 	if len(ext.CNIAddrs) == 0 || ext.SimURL == "" || ext.ClusterID == "" || ext.VPCID == "" || ext.SubnetID == "" || ext.SecurityGroup == "" {
 		return nil, fmt.Errorf("E2E_KUBECONFIG is set, so E2E_CNI_ENDPOINTS, E2E_BCE_ENDPOINT, E2E_CLUSTER_ID, E2E_VPC_ID, E2E_SUBNET_ID and E2E_SECURITY_GROUP are required")
 	}
-	return &Env{Config: cfg, Kubeconfig: kc, External: ext}, nil
+	env := &Env{Config: cfg, Kubeconfig: kc, External: ext}
+	switch v := os.Getenv("E2E_SCHEDULER"); v {
+	case "", "cluster":
+	case "kubelet-sim":
+		env.KubeletSchedules = true
+	default:
+		return nil, fmt.Errorf("E2E_SCHEDULER=%q: want cluster or kubelet-sim", v)
+	}
+	return env, nil
 }
 
 // Fleet starts a fleet for one test in this environment (stopped by
@@ -108,6 +120,7 @@ func (e *Env) Fleet(t testing.TB, o fleet.Options) *fleet.Fleet {
 	t.Helper()
 	if e.External != nil {
 		o.External = e.External
+		o.Kubelet.NoScheduling = !e.KubeletSchedules
 	}
 	if e.Config != nil {
 		o.Config, o.Kubeconfig = e.Config, e.Kubeconfig

@@ -61,9 +61,9 @@ generate:
 		if [ -x "$$g" ]; then echo "generate: $$g"; "$$g" || exit 1; fi; \
 	done
 
-## binaries: build cce-ipam, bce-sim and kubelet-sim into bin/.
+## binaries: build cce-ipam, bce-sim, kubelet-sim and ipamctl into bin/.
 binaries:
-	$(GO) build -o $(BIN)/ ./cmd/cce-ipam ./cmd/bce-sim ./cmd/kubelet-sim
+	$(GO) build -o $(BIN)/ ./cmd/cce-ipam ./cmd/bce-sim ./cmd/kubelet-sim ./cmd/ipamctl
 
 ## demo: everything on this machine with real parts (DEMO_ARGS="--nodes 10 --pods 100 --keep").
 DEMO_ARGS ?=

@@ -52,9 +52,9 @@ const (
 )
 
 var (
-	buildOnce         sync.Once
-	simBinP, ipamBinP string
-	buildErr          error
+	buildOnce                  sync.Once
+	simBinP, ipamBinP, ctlBinP string
+	buildErr                   error
 )
 
 // binaries builds bce-sim and cce-ipam once for the package's tests.
@@ -66,7 +66,8 @@ func binaries(t *testing.T) (string, string) {
 			buildErr = err
 			return
 		}
-		for pkg, out := range map[string]*string{"github.com/cce-ipam/sharded/cmd/bce-sim": &simBinP, "github.com/cce-ipam/sharded/cmd/cce-ipam": &ipamBinP} {
+		for pkg, out := range map[string]*string{"github.com/cce-ipam/sharded/cmd/bce-sim": &simBinP,
+			"github.com/cce-ipam/sharded/cmd/cce-ipam": &ipamBinP, "github.com/cce-ipam/sharded/cmd/ipamctl": &ctlBinP} {
 			*out = filepath.Join(dir, filepath.Base(pkg))
 			b := exec.Command("go", "build", "-o", *out, pkg)
 			b.Stderr = os.Stderr
@@ -538,6 +539,30 @@ func TestSharding_SpreadAndForward(t *testing.T) {
 	if want := float64(2 * len(e.nodes)); forwarded != want {
 		t.Errorf("forwarded %v calls, want %v (two of every node's three)", forwarded, want)
 	}
+
+	// ipamctl asks any replica; a node query reaches the node's owner.
+	ipamctl := func(args ...string) []byte {
+		out, err := exec.Command(ctlBinP, append([]string{"--server", e.replicas[2].http}, args...)...).Output()
+		if err != nil {
+			t.Fatalf("ipamctl %v: %v", args, err)
+		}
+		return out
+	}
+	var ns shard.NodeStatus
+	if err := json.Unmarshal(ipamctl("-o", "json", "node", e.nodes[0]), &ns); err != nil {
+		t.Fatal(err)
+	}
+	pool, _ := ns.Pool.(map[string]any)
+	if ns.Holder != holders[e.nodes[0]] || ns.AnsweredBy != ns.Holder || pool == nil || pool["Assigned"].(float64) != 3 {
+		t.Errorf("ipamctl node %s = %+v; want the owner %s answering with 3 assigned IPs", e.nodes[0], ns, holders[e.nodes[0]])
+	}
+	members := string(ipamctl("members"))
+	for _, r := range e.replicas {
+		if !strings.Contains(members, e.memberName(r)) || !strings.Contains(members, r.grpc) {
+			t.Errorf("ipamctl members lacks %s at %s:\n%s", e.memberName(r), r.grpc, members)
+		}
+	}
+	t.Logf("ipamctl ring:\n%s", ipamctl("ring"))
 }
 
 // A forward header that was not signed with the cluster's key is refused;

@@ -231,6 +231,7 @@ func (i *IPAM) collectLeakedIPPools(ctx context.Context) {
 	client := i.deps.CCE.CceV1alpha1().IPPools(cce.IPPoolNamespace)
 	pools, err := client.List(ctx, metav1.ListOptions{})
 	if err != nil {
+		i.log.Warn("gc: list IPPools", "err", err)
 		return
 	}
 	for _, p := range pools.Items {
@@ -245,9 +246,13 @@ func (i *IPAM) collectLeakedIPPools(ctx context.Context) {
 		if _, err := i.deps.Kube.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			continue
 		}
-		if err := client.Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}}); err == nil {
+		err := client.Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}})
+		switch {
+		case err == nil:
 			i.metrics.gcActions.WithLabelValues("leaked_ippool").Inc()
 			i.log.Info("gc: deleted the IPPool of a deleted node", "ippool", p.Name)
+		case !apierrors.IsNotFound(err) && !apierrors.IsConflict(err):
+			i.log.Warn("gc: could not delete the IPPool of a deleted node", "ippool", p.Name, "err", err)
 		}
 	}
 }

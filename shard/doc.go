@@ -1,11 +1,16 @@
-// Package shard decides which cce-ipam replica serves which node.
+// Package shard decides which cce-ipam replica serves which node, and routes
+// CNI calls there.
 //
-// The pure parts live here: a consistent-hash Ring over the live
-// members (buraksezer/consistent v1.0.0 with xxhash, a prime partition count
-// and bounded load) that maps node → partition → owner, and Table, the
-// ownership of every partition as a plain value with Diff to list the moves
-// between two tables. Nothing here talks to memberlist or the API server;
-// membership feeds member sets in, and the fenced hand-over acts on the moves.
+// The pure parts: a consistent-hash Ring over the live members
+// (buraksezer/consistent v1.0.0 with xxhash, a prime partition count and
+// bounded load) that maps node → partition → owner, Table and Diff, and
+// Ownership, the fenced state machine of one replica's partitions. The driver,
+// Coordinator, runs Ownership against Leases in the API server (replica
+// Leases, partition claims by compare-and-swap, the budget split) and tells
+// the IPAM which nodes to serve; Router is the CNI backend that serves a call
+// locally, forwards it once (HMAC-authenticated) to the owner, or holds it
+// while the node has no owner. DESIGN.md has the state diagram and the
+// argument for each invariant.
 //
 //	ring, err := shard.NewRing(shard.RingConfig{}, []string{"ipam-a", "ipam-b", "ipam-c"})
 //	owner := ring.Owner("node-10-0-1-7")          // "ipam-b"

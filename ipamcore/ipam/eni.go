@@ -245,7 +245,8 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 		i.writePoolStatus(ctx, n, inUse)
 	}
 	// Leaked: ours, unattached, older than LeakedENIAge, for a served node
-	// (its creator crashed between create and attach).
+	// (its creator crashed between create and attach) or, on the leader,
+	// for a node that no longer exists.
 	for _, e := range enis {
 		if e.Status != cloud.ENIStatusAvailable || e.CreatedTime.IsZero() || now.Sub(e.CreatedTime) < i.cfg.LeakedENIAge {
 			continue
@@ -254,7 +255,13 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 		if len(parts) != 4 {
 			continue
 		}
-		if _, ok := i.node(parts[2]); !ok || i.mayAct(parts[2]) != nil {
+		_, served := i.node(parts[2])
+		switch {
+		case served && i.mayAct(parts[2]) == nil:
+		case !served && (i.deps.IsLeader == nil || i.deps.IsLeader()) && i.nodeGone(ctx, parts[2]):
+			// The node is gone, so no shard owns its ENIs: the leader
+			// sweeps them.
+		default:
 			continue
 		}
 		if err := i.deps.Cloud.DeleteENI(ctx, e.ID); err == nil {
@@ -263,6 +270,15 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// nodeGone confirms with the API server that a node no longer exists.
+func (i *IPAM) nodeGone(ctx context.Context, name string) bool {
+	if _, err := i.nodes.Get(name); err == nil {
+		return false
+	}
+	_, err := i.deps.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	return apierrors.IsNotFound(err)
 }
 
 // adoptENIs reconciles the node's datastore ENIs with the cloud's in-use

@@ -188,6 +188,12 @@ func TestIPAM_SyncDeletesLeakedENIs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An ENI of a node that was deleted: no shard serves it; the leader
+	// (a single IPAM leads) sweeps it.
+	orphan, err := e.cloud.CreateENI(e.ctx, cloud.CreateENIRequest{Name: testCluster + "/" + inst + "/le-deleted-node/abcdef", SubnetID: "sbn-le", SecurityGroupIDs: []string{sg}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := e.ipam.SyncENIs(e.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +205,8 @@ func TestIPAM_SyncDeletesLeakedENIs(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err := e.cloud.GetENI(e.ctx, leaked)
-		return errors.Is(err, cloud.ErrENINotFound)
+		_, err2 := e.cloud.GetENI(e.ctx, orphan)
+		return errors.Is(err, cloud.ErrENINotFound) && errors.Is(err2, cloud.ErrENINotFound)
 	})
 	if _, err := e.cloud.GetENI(e.ctx, foreign); err != nil {
 		t.Fatalf("another cluster's ENI was deleted: %v", err)

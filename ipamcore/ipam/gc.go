@@ -49,7 +49,11 @@ func (i *IPAM) CollectGarbage(ctx context.Context) {
 		if addr, err := netip.ParseAddr(w.Spec.IP); err == nil {
 			named[addr] = datastore.PodKey{Namespace: w.Namespace, Name: w.Name}
 		}
-		if _, ok := i.node(w.Spec.Node); !ok || i.mayAct(w.Spec.Node) != nil {
+		if _, ok := i.node(w.Spec.Node); !ok {
+			i.collectOnDeletedNode(ctx, w)
+			continue
+		}
+		if i.mayAct(w.Spec.Node) != nil {
 			continue
 		}
 		switch kind, ok := i.wepGarbage(ctx, w); {
@@ -73,6 +77,7 @@ const (
 	gcScaledDown         = "scaled_down_statefulset"
 	gcLeakedPod          = "leaked_pod"
 	gcLeakedIP           = "leaked_ip"
+	gcDeletedNode        = "deleted_node"
 )
 
 // nodeEvent records a Normal event on a node, for GC actions an operator
@@ -117,6 +122,31 @@ func (i *IPAM) wepGarbage(ctx context.Context, w *cce.WorkloadEndpoint) (string,
 		return "", false
 	}
 	return gcLeakedPod, true
+}
+
+// collectOnDeletedNode deletes, on the leader, the wep of a deleted pod on a
+// node that no longer exists: no shard serves that node, so its owner's GC
+// never sees it. Its IP went with the node's ENIs (the leaked-ENI sweep
+// removes those). Fixed-IP weps stay: the pod's next incarnation takes the
+// address to its new node.
+func (i *IPAM) collectOnDeletedNode(ctx context.Context, w *cce.WorkloadEndpoint) {
+	if i.deps.IsLeader != nil && !i.deps.IsLeader() {
+		return
+	}
+	if w.IsFixedStatefulSet() || !i.nodeGone(ctx, w.Spec.Node) {
+		return
+	}
+	if kind, ok := i.wepGarbage(ctx, w); !ok || kind != gcLeakedPod {
+		return
+	}
+	unlock := i.podLock.lock(w.Namespace + "/" + w.Name)
+	defer unlock()
+	if err := i.deleteWEP(ctx, w); err != nil {
+		i.log.Warn("gc: delete the wep of a pod on a deleted node", "wep", w.Namespace+"/"+w.Name, "err", err)
+		return
+	}
+	i.metrics.gcActions.WithLabelValues(gcDeletedNode).Inc()
+	i.log.Info("gc: deleted the wep of a pod on a deleted node", "wep", w.Namespace+"/"+w.Name, "node", w.Spec.Node, "ip", w.Spec.IP)
 }
 
 func (i *IPAM) podExists(ctx context.Context, namespace, name string) bool {

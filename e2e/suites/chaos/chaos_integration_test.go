@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 	"github.com/cce-ipam/sharded/e2e/fleet"
 	"github.com/cce-ipam/sharded/e2e/invariants"
@@ -278,10 +280,34 @@ func TestChaos(t *testing.T) {
 			}
 		}
 	}
+	// The result is printed however the settling ends.
 	settleStart := time.Now()
-	suite.WaitSharded(ctx, t, f)
+	var (
+		pods  []corev1.Pod
+		final invariants.Violations
+	)
+	defer func() {
+		stopChecks()
+		checkWG.Wait()
+		stats := churn.Stop()
+		ks := f.Kubelet().Stats()
+		st, _ := f.SimStats(context.Background())
+		vmu.Lock()
+		defer vmu.Unlock()
+		t.Logf("CHAOS RESULT seed=%d duration=%s: pods churned: %s; %d pods Running at the end; injected %s; "+
+			"checks during chaos: %d (%d could not read); violations during chaos: %d, at the end: %d; settled: %v after %s; "+
+			"kubelet-sim: %d allocations, %d failed and retried, allocate p50 %s p99 %s; bce-sim: %d calls, %d throttled",
+			seed, duration, stats, len(pods), faults.String(), checks, checkErrs, len(violations), len(final),
+			!t.Failed(), time.Since(settleStart).Round(time.Second), ks.Allocations, ks.AllocationErrors, ks.AllocateLatency.P50,
+			ks.AllocateLatency.P99, st.All.Calls, st.All.Throttled)
+	}()
+	// Every node must have an owner again within a few lease periods; three
+	// minutes is generous on a loaded machine.
+	sctx, scancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer scancel()
+	suite.WaitSharded(sctx, t, f)
 	stats := churn.Stop()
-	pods := suite.WaitSettled(ctx, t, f, ns)
+	pods = suite.WaitSettled(sctx, t, f, ns)
 	suite.IPs(t, pods)
 	stopChecks()
 	checkWG.Wait()
@@ -293,23 +319,13 @@ func TestChaos(t *testing.T) {
 	}
 	wctx, wcancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer wcancel()
-	final, err := endChk.WaitClean(wctx, 2*time.Second)
+	final, err = endChk.WaitClean(wctx, 2*time.Second)
 	if err != nil {
 		t.Errorf("invariants after chaos did not settle: %v\n%s", err, final)
 	}
 	if err := f.SimCheck(ctx); err != nil {
 		t.Errorf("bce-sim world check: %v", err)
 	}
-	ks := f.Kubelet().Stats()
-	st, _ := f.SimStats(ctx)
-	vmu.Lock()
-	defer vmu.Unlock()
-	t.Logf("CHAOS RESULT seed=%d duration=%s: pods churned: %s; %d pods Running at the end; injected %s; "+
-		"checks during chaos: %d (%d could not read); violations during chaos: %d, at the end: %d; settled in %s; "+
-		"kubelet-sim: %d allocations, %d failed and retried, allocate p50 %s p99 %s; bce-sim: %d calls, %d throttled",
-		seed, duration, stats, len(pods), faults.String(), checks, checkErrs, len(violations), len(final),
-		time.Since(settleStart).Round(time.Second), ks.Allocations, ks.AllocationErrors, ks.AllocateLatency.P50,
-		ks.AllocateLatency.P99, st.All.Calls, st.All.Throttled)
 	if stats.Created == 0 || stats.Deleted == 0 || len(faults.counts) == 0 {
 		t.Errorf("chaos did nothing: %s, %s", stats, faults.String())
 	}

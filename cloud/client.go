@@ -73,20 +73,27 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Client, e
 
 // SetRate changes the client-side rate limit at run time (see
 // Limiter.SetRate): the shard layer gives each replica its share of the
-// cluster-wide budget. The per-operation limits are scaled by the same
-// fraction of the configured Rate (a burst never below one token).
+// cluster-wide budget.
 func (c *Client) SetRate(rate float64, burst int64) error {
 	if err := c.limiter.SetRate(rate, burst); err != nil {
 		return err
 	}
-	f := rate / c.cfg.Rate
+	c.m.rate.Set(rate)
+	c.m.burst.Set(float64(burst))
+	return nil
+}
+
+// SetOpShare scales every per-operation limit to the fraction f of its
+// configured (cluster-wide) value; a burst never goes below one token.
+func (c *Client) SetOpShare(f float64) error {
+	if !(f > 0) || f > 1 {
+		return fmt.Errorf("operation share %v outside (0,1]", f)
+	}
 	for op, l := range c.cfg.OpLimits {
 		if err := c.opLimits[op].SetRate(l.Rate*f, max(1, int64(float64(l.Burst)*f))); err != nil {
 			return fmt.Errorf("limit of %s: %w", op, err)
 		}
 	}
-	c.m.rate.Set(rate)
-	c.m.burst.Set(float64(burst))
 	return nil
 }
 
@@ -120,6 +127,10 @@ func (c *Client) gateErr() error {
 	}
 	return nil
 }
+
+// Usage reports the shared bucket's tokens taken so far and how many takes
+// had to wait (see Limiter.Usage).
+func (c *Client) Usage() (taken, waited int64) { return c.limiter.Usage() }
 
 // OpRate returns an operation's current limit (0, 0 when it has none).
 func (c *Client) OpRate(op string) (float64, int64) {

@@ -31,8 +31,8 @@ func TestGate_ClosedSendsNothing(t *testing.T) {
 	}
 }
 
-// Per-operation limits hold on top of the shared bucket and scale with the
-// replica's share of the global rate.
+// Per-operation limits hold on top of the shared bucket and scale to the
+// replica's share of the cluster's operations.
 func TestOpLimits_ScaleWithShare(t *testing.T) {
 	e := newEnv(t, envOpts{client: cloud.Config{Rate: 100, Burst: 50,
 		OpLimits: map[string]cloud.OpLimit{"ListENIs": {Rate: 0.1, Burst: 2}}}})
@@ -52,8 +52,8 @@ func TestOpLimits_ScaleWithShare(t *testing.T) {
 	if _, err := e.client.GetENI(ctx, "eni-none"); cloud.ClassOf(err) == cloud.ClassCanceled {
 		t.Fatalf("another operation waited on ListENIs' bucket: %v", err)
 	}
-	// A quarter of the global rate: the operation's limit is quartered too.
-	if err := e.client.SetRate(25, 12); err != nil {
+	// A quarter of the cluster's operations: the limit is quartered.
+	if err := e.client.SetOpShare(0.25); err != nil {
 		t.Fatal(err)
 	}
 	if r, b := e.client.OpRate("ListENIs"); r != 0.025 || b != 1 {

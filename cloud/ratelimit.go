@@ -19,6 +19,9 @@ type Limiter struct {
 	bucket *ratelimit.Bucket
 	rate   float64
 	burst  int64
+	// Usage, for the shard layer's demand-following budget.
+	taken  int64
+	waited int64 // calls that had to wait for their token
 }
 
 // NewLimiter returns a full bucket of burst tokens refilled at rate per second.
@@ -67,6 +70,10 @@ func (l *Limiter) Rate() (float64, int64) {
 func (l *Limiter) Wait(ctx context.Context) (time.Duration, error) {
 	l.mu.Lock()
 	d := l.bucket.Take(1)
+	l.taken++
+	if d > 0 {
+		l.waited++
+	}
 	l.mu.Unlock()
 	if d <= 0 {
 		return 0, nil
@@ -86,5 +93,17 @@ func (l *Limiter) Wait(ctx context.Context) (time.Duration, error) {
 func (l *Limiter) TryTake() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.bucket.TakeAvailable(1) == 1
+	ok := l.bucket.TakeAvailable(1) == 1
+	if ok {
+		l.taken++
+	}
+	return ok
+}
+
+// Usage returns how many tokens were taken so far and how many of those
+// takes had to wait.
+func (l *Limiter) Usage() (taken, waited int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.taken, l.waited
 }

@@ -27,10 +27,12 @@ import (
 // back by CAS; entries of replicas whose lease expired are dropped by
 // whoever raises next (an expired replica is fenced: it makes no calls).
 
-// Share is one replica's part of the budget.
+// Share is one replica's part of the budget. Busy tells the others that it
+// could use more (see demandTarget).
 type Share struct {
 	Rate  float64 `json:"rate"`
 	Burst int64   `json:"burst"`
+	Busy  bool    `json:"busy,omitempty"`
 }
 
 type budget struct {
@@ -38,10 +40,24 @@ type budget struct {
 	setter RateSetter
 	global Share
 
-	mu      sync.Mutex
-	share   Share // what the local limiter allows now
-	granted bool  // share published and in force
-	live    []string
+	mu        sync.Mutex
+	share     Share // what the local limiter allows now
+	granted   bool  // share published and in force
+	live      []string
+	published map[string]Share // the budget Lease as last watched
+
+	// Demand, measured on the limiter between adjustments.
+	lastTaken, lastWaited int64
+	lastAt                time.Time
+	usage                 float64 // tokens per second, smoothed
+	quiet                 int     // adjustments in a row that looked idle
+	opShareN              int     // replicas the per-operation limits are split over
+}
+
+// UsageReporter is the limiter's usage (cloud.Client implements it). Without
+// it every replica counts as busy and the split stays even.
+type UsageReporter interface {
+	Usage() (taken, waited int64)
 }
 
 func newBudget(c *Coordinator, setter RateSetter, rate float64, burst int64) *budget {
@@ -75,11 +91,82 @@ func (c *Coordinator) Budget() Share {
 	return c.budget.share
 }
 
-// observe takes the live set from the loop (called under c.mu).
-func (b *budget) observe(_ *coordv1.Lease, live []string) {
+// observe takes the live set and the budget Lease from the loop (called
+// under c.mu).
+func (b *budget) observe(l *coordv1.Lease, live []string) {
+	published := map[string]Share{}
+	if l != nil {
+		_ = json.Unmarshal([]byte(l.Annotations[annoShares]), &published) // unreadable: treated as empty
+	}
 	b.mu.Lock()
 	b.live = slices.Clone(live)
+	b.published = published
 	b.mu.Unlock()
+}
+
+// demandTarget follows demand: a replica that is idle keeps what it uses
+// (twice its recent rate, at least a quarter of an even share, at most an
+// even share); the busy ones split the rest evenly. Replicas that have not
+// published yet count as busy. With everyone busy this is the even split.
+// Every replica computes only its own target; the CAS on the budget Lease
+// keeps the sum within the budget while views differ.
+func demandTarget(global Share, live []string, self string, published map[string]Share, busy bool, need float64) Share {
+	if slices.Index(live, self) < 0 || global.Rate <= 0 {
+		return Share{}
+	}
+	fair := global.Rate / float64(len(live))
+	floor := fair / 4
+	var rate float64
+	if !busy {
+		rate = math.Min(fair, math.Max(floor, need))
+	} else {
+		idle, busyN := 0.0, 1
+		for _, m := range live {
+			if m == self {
+				continue
+			}
+			if s, ok := published[m]; ok && !s.Busy {
+				idle += s.Rate
+			} else {
+				busyN++
+			}
+		}
+		rate = math.Max(floor, (global.Rate-idle)/float64(busyN))
+	}
+	burst := max(1, int64(float64(global.Burst)*rate/global.Rate))
+	return Share{Rate: rate, Burst: burst, Busy: busy}
+}
+
+// demand reads the limiter's usage since the last adjustment: busy when
+// calls waited for tokens or used most of the share; idle after a few quiet
+// rounds well below it. need is what an idle replica keeps.
+func (b *budget) demand(cur Share) (busy bool, need float64) {
+	u, ok := b.setter.(UsageReporter)
+	if !ok {
+		return true, 0
+	}
+	taken, waited := u.Usage()
+	now := b.c.clock.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.lastAt.IsZero() {
+		b.lastTaken, b.lastWaited, b.lastAt = taken, waited, now
+		return true, 0
+	}
+	dt := now.Sub(b.lastAt).Seconds()
+	if dt <= 0 {
+		return cur.Busy, 2 * b.usage
+	}
+	b.usage = 0.5*b.usage + 0.5*float64(taken-b.lastTaken)/dt
+	starved := waited > b.lastWaited
+	b.lastTaken, b.lastWaited, b.lastAt = taken, waited, now
+	switch {
+	case starved || b.usage >= 0.8*cur.Rate:
+		b.quiet = 0
+	case b.usage < 0.5*cur.Rate:
+		b.quiet++
+	}
+	return b.quiet < 3, 2 * b.usage
 }
 
 // target is the even split: rate/n each, burst split in whole tokens (the
@@ -114,7 +201,7 @@ const rateEpsilon = 1e-9
 
 func (b *budget) adjust(ctx context.Context) {
 	b.mu.Lock()
-	live := b.live
+	live, published := b.live, b.published
 	cur, granted := b.share, b.granted
 	b.mu.Unlock()
 	if !b.c.LeaseValid() {
@@ -124,16 +211,21 @@ func (b *budget) adjust(ctx context.Context) {
 		}
 		return
 	}
-	want := target(b.global, live, b.c.self)
+	busy, need := true, 0.0 // everyone busy: the even split
+	if b.c.cfg.BudgetFollowDemand {
+		busy, need = b.demand(cur)
+	}
+	want := demandTarget(b.global, live, b.c.self, published, busy, need)
+	b.setOpShare(len(live))
 	switch {
-	case want.Rate < cur.Rate-rateEpsilon || want.Burst < cur.Burst:
+	case want.Rate < cur.Rate*0.9-rateEpsilon || want.Burst < cur.Burst || (want.Rate == 0 && cur.Rate > 0):
 		// Lower locally first, then tell the others.
-		lower := Share{Rate: math.Min(want.Rate, cur.Rate), Burst: min(want.Burst, cur.Burst)}
+		lower := Share{Rate: math.Min(want.Rate, cur.Rate), Burst: min(want.Burst, cur.Burst), Busy: busy}
 		b.set(lower, granted && lower.Rate > 0)
 		if err := b.publish(ctx, func(map[string]Share) Share { return lower }); err != nil {
 			b.c.log.Warn("publishing a lower budget share failed; retrying", "err", err)
 		}
-	case want.Rate > cur.Rate+rateEpsilon || want.Burst > cur.Burst || !granted:
+	case want.Rate > cur.Rate*1.1+rateEpsilon || want.Burst > cur.Burst || !granted:
 		var got Share
 		err := b.publish(ctx, func(shares map[string]Share) Share {
 			var others Share
@@ -146,11 +238,13 @@ func (b *budget) adjust(ctx context.Context) {
 			got = Share{
 				Rate:  math.Max(0, math.Min(want.Rate, b.global.Rate-others.Rate)),
 				Burst: max(0, min(want.Burst, b.global.Burst-others.Burst)),
+				Busy:  busy,
 			}
-			if got.Burst < 1 || got.Rate <= 0 {
-				got = cur // no headroom yet: keep what we have
+			if got.Burst < 1 || got.Rate <= cur.Rate {
+				got = cur // no headroom yet: keep what we have, say we want more
+				got.Busy = busy
 				if !granted {
-					got = Share{}
+					got = Share{Busy: busy}
 				}
 			}
 			return got
@@ -162,6 +256,14 @@ func (b *budget) adjust(ctx context.Context) {
 		if got.Rate > 0 && got.Burst >= 1 {
 			b.set(got, true)
 		}
+	case busy != cur.Busy:
+		flagged := cur
+		flagged.Busy = busy
+		if err := b.publish(ctx, func(map[string]Share) Share { return flagged }); err == nil {
+			b.mu.Lock()
+			b.share.Busy = busy
+			b.mu.Unlock()
+		}
 	}
 }
 
@@ -172,6 +274,26 @@ func (b *budget) revoke() {
 	b.mu.Unlock()
 	b.c.metrics.budgetRate.Set(0)
 	b.c.metrics.budgetBurst.Set(0)
+}
+
+// OpSharer scales the per-operation limits (cloud.Client implements it).
+type OpSharer interface {
+	SetOpShare(f float64) error
+}
+
+// setOpShare gives this replica 1/n of every per-operation limit. These
+// are not negotiated by CAS: while replicas join, an operation may briefly
+// be over-shared, and the cloud answers 429, which the client retries.
+func (b *budget) setOpShare(n int) {
+	o, ok := b.setter.(OpSharer)
+	if !ok || n < 1 || n == b.opShareN {
+		return
+	}
+	if err := o.SetOpShare(1 / float64(n)); err != nil {
+		b.c.log.Error("setting the per-operation limits failed", "err", err)
+		return
+	}
+	b.opShareN = n
 }
 
 // set applies a share to the local limiter.
@@ -225,7 +347,7 @@ func (b *budget) publish(ctx context.Context, mine func(shares map[string]Share)
 		}
 		b.c.mu.Unlock()
 		s := mine(shares)
-		if s.Rate <= 0 {
+		if s.Rate <= 0 && !s.Busy {
 			delete(shares, b.c.self)
 		} else {
 			shares[b.c.self] = s

@@ -38,6 +38,10 @@ type Config struct {
 	ForwardKeyFile string
 	// LeaveTimeout bounds the graceful hand-over on shutdown. Defaults to 20s.
 	LeaveTimeout time.Duration
+	// BudgetFollowDemand lets idle replicas lend their share of the cloud
+	// rate to busy ones (never the per-operation limits, which stay split
+	// evenly). Off: an even split.
+	BudgetFollowDemand bool
 }
 
 // RegisterFlags binds the config to --shard-* flags (and --namespace).
@@ -52,6 +56,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.OwnerWait, "shard-owner-wait", d.OwnerWait, "how long a CNI call waits for its node to get an owner before failing with a retryable error")
 	fs.StringVar(&c.ForwardKeyFile, "shard-forward-key-file", "", "file with the base64 key authenticating calls forwarded between replicas (default: the gossip key file)")
 	fs.DurationVar(&c.LeaveTimeout, "shard-leave-timeout", d.LeaveTimeout, "how long a graceful shutdown waits to hand its nodes over")
+	fs.BoolVar(&c.BudgetFollowDemand, "shard-budget-follow-demand", false, "let idle replicas lend their share of --bce-rate to busy ones (experimental; default: an even split)")
 }
 
 func (c *Config) defaults() {

@@ -78,7 +78,7 @@ func TestRemoteError_KeepsNotOwnerRetryable(t *testing.T) {
 }
 
 func TestTarget_SharesNeverExceedTheBudget(t *testing.T) {
-	for _, global := range []Share{{10, 5}, {20, 10}, {7, 3}, {100, 1}} {
+	for _, global := range []Share{{Rate: 10, Burst: 5}, {Rate: 20, Burst: 10}, {Rate: 7, Burst: 3}, {Rate: 100, Burst: 1}} {
 		for n := 1; n <= 9; n++ {
 			var live []string
 			for i := range n {
@@ -103,7 +103,44 @@ func TestTarget_SharesNeverExceedTheBudget(t *testing.T) {
 			}
 		}
 	}
-	if s := target(Share{10, 5}, []string{"a", "b"}, "c"); s != (Share{}) {
+	if s := target(Share{Rate: 10, Burst: 5}, []string{"a", "b"}, "c"); s != (Share{}) {
+		t.Errorf("a replica outside the ring gets %v", s)
+	}
+}
+
+// Demand-following: idle replicas keep what they use, the busy one gets the
+// rest; the targets of any mix never sum above the budget once everyone has
+// published its own.
+func TestDemandTarget(t *testing.T) {
+	global := Share{Rate: 30, Burst: 15}
+	live := []string{"a", "b", "c"}
+	// Nothing published yet: everyone counts as busy, even split.
+	if s := demandTarget(global, live, "a", nil, true, 0); s.Rate != 10 {
+		t.Fatalf("unpublished peers: %v, want 10/s", s)
+	}
+	// b and c idle, each holding 2.5/s (a quarter of fair): a gets 25.
+	idle := map[string]Share{"b": {Rate: 2.5, Burst: 1}, "c": {Rate: 2.5, Burst: 1}}
+	if s := demandTarget(global, live, "a", idle, true, 0); s.Rate != 25 {
+		t.Fatalf("busy among idle peers: %v, want 25/s", s)
+	}
+	// An idle replica keeps twice its use, clamped to [fair/4, fair].
+	for need, want := range map[float64]float64{0: 2.5, 4: 4, 50: 10} {
+		if s := demandTarget(global, live, "b", nil, false, need); s.Rate != want {
+			t.Errorf("idle with need %v: %v, want %v", need, s.Rate, want)
+		}
+	}
+	// b turns busy: a and b split what c leaves.
+	pub := map[string]Share{"a": {Rate: 25, Burst: 12, Busy: true}, "b": {Rate: 2.5, Burst: 1, Busy: true}, "c": {Rate: 2.5, Burst: 1}}
+	sa := demandTarget(global, live, "a", pub, true, 0)
+	sb := demandTarget(global, live, "b", pub, true, 0)
+	sc := demandTarget(global, live, "c", pub, false, 1)
+	if sa.Rate != 13.75 || sb.Rate != 13.75 {
+		t.Fatalf("two busy, one idle: a %v b %v, want 13.75 each", sa, sb)
+	}
+	if sum := sa.Rate + sb.Rate + sc.Rate; sum > global.Rate+1e-9 {
+		t.Fatalf("targets sum to %v above %v", sum, global.Rate)
+	}
+	if s := demandTarget(global, live, "z", pub, true, 0); s != (Share{}) {
 		t.Errorf("a replica outside the ring gets %v", s)
 	}
 }

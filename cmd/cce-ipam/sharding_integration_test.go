@@ -1039,3 +1039,88 @@ func moved(a, b map[string]string) int {
 	}
 	return n
 }
+
+// (e, demand) One replica is busy while the others idle: its share of the
+// budget grows past an even split (the idle ones lend theirs), the shares
+// never sum above the budget, and bce-sim never sees more than rate + burst
+// in a second.
+func TestSharding_BusyReplicaBorrowsBudget(t *testing.T) {
+	e := newShardEnv(t, 12, "--shard-budget-follow-demand")
+	for range 3 {
+		e.start(e.keyFile)
+	}
+	e.settle(90 * time.Second)
+	holders := e.holders(e.replicas[0])
+	busy := e.replicas[0]
+	busyName := e.memberName(busy)
+	var busyNodes []string
+	for n, h := range holders {
+		if h == busyName {
+			busyNodes = append(busyNodes, n)
+		}
+	}
+	if len(busyNodes) == 0 {
+		t.Fatalf("%s holds no node", busyName)
+	}
+	start := time.Now()
+	ctx, stop := context.WithTimeout(context.Background(), 25*time.Second)
+	defer stop()
+	var wg sync.WaitGroup
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; ctx.Err() == nil; k++ {
+				node := busyNodes[(w+k)%len(busyNodes)]
+				pod, err := e.newPod(ctx, node)
+				if err != nil {
+					continue
+				}
+				_, _ = e.allocate(ctx, busy, pod)
+			}
+		}()
+	}
+	var maxBusy, maxSum float64
+	for ctx.Err() == nil {
+		sum := 0.0
+		for _, r := range e.replicas {
+			v := r.metric("cce_ipam_shard_budget_rate", "")
+			sum += v
+			if r == busy {
+				maxBusy = max(maxBusy, v)
+			}
+		}
+		maxSum = max(maxSum, sum)
+		time.Sleep(500 * time.Millisecond)
+	}
+	wg.Wait()
+	fair := float64(globalRate) / 3
+	t.Logf("BORROW: the busy replica's share peaked at %.2f/s (even split %.2f/s, budget %d/s); sampled shares summed to at most %.2f/s",
+		maxBusy, fair, globalRate, maxSum)
+	if maxBusy < 1.5*fair {
+		t.Errorf("the busy replica's share never exceeded %.2f/s (1.5 × an even split): idle replicas did not lend", 1.5*fair)
+	}
+	if maxSum > globalRate+0.01 {
+		t.Errorf("published shares summed to %.2f/s, above the budget %d/s", maxSum, globalRate)
+	}
+	var st bcesim.Stats
+	resp, err := http.Get("http://" + strings.TrimPrefix(e.simAddr, "http://") + "/admin/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	maxSec := int64(0)
+	for _, s := range st.All.PerSecond {
+		if s.Unix >= start.Unix() {
+			maxSec = max(maxSec, s.Calls)
+		}
+	}
+	t.Logf("BORROW: busiest second at bce-sim: %d calls (rate + burst = %d)", maxSec, globalRate+globalBurst)
+	if maxSec > globalRate+globalBurst {
+		t.Errorf("bce-sim saw %d calls in one second, above %d", maxSec, globalRate+globalBurst)
+	}
+}

@@ -44,6 +44,7 @@ type budget struct {
 	share     Share // what the local limiter allows now
 	granted   bool  // share published and in force
 	live      []string
+	replicas  int              // replicas with a fresh Lease (per-operation split)
 	published map[string]Share // the budget Lease as last watched
 
 	// Demand, measured on the limiter between adjustments.
@@ -93,7 +94,7 @@ func (c *Coordinator) Budget() Share {
 
 // observe takes the live set and the budget Lease from the loop (called
 // under c.mu).
-func (b *budget) observe(l *coordv1.Lease, live []string) {
+func (b *budget) observe(l *coordv1.Lease, live []string, replicas int) {
 	published := map[string]Share{}
 	if l != nil {
 		_ = json.Unmarshal([]byte(l.Annotations[annoShares]), &published) // unreadable: treated as empty
@@ -101,6 +102,7 @@ func (b *budget) observe(l *coordv1.Lease, live []string) {
 	b.mu.Lock()
 	b.live = slices.Clone(live)
 	b.published = published
+	b.replicas = replicas
 	b.mu.Unlock()
 }
 
@@ -201,7 +203,7 @@ const rateEpsilon = 1e-9
 
 func (b *budget) adjust(ctx context.Context) {
 	b.mu.Lock()
-	live, published := b.live, b.published
+	live, published, replicas := b.live, b.published, b.replicas
 	cur, granted := b.share, b.granted
 	b.mu.Unlock()
 	if !b.c.LeaseValid() {
@@ -216,7 +218,7 @@ func (b *budget) adjust(ctx context.Context) {
 		busy, need = b.demand(cur)
 	}
 	want := demandTarget(b.global, live, b.c.self, published, busy, need)
-	b.setOpShare(len(live))
+	b.setOpShare(replicas)
 	switch {
 	case want.Rate < cur.Rate*0.9-rateEpsilon || want.Burst < cur.Burst || (want.Rate == 0 && cur.Rate > 0):
 		// Lower locally first, then tell the others.

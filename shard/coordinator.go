@@ -389,7 +389,15 @@ func (c *Coordinator) step(ctx context.Context) error {
 		c.startAction(ctx, a, claims[a.Partition])
 	}
 	c.reconcileNodesLocked(ctx, now, claims)
-	c.budget.observe(budgetLease, live)
+	// Per-operation limits are split over every replica with a fresh Lease,
+	// ring member or not yet: at a cold start that is the safer count.
+	fresh := 1
+	for m, o := range c.seen {
+		if o.version != "" && !c.expiredLocked(m, now) {
+			fresh++
+		}
+	}
+	c.budget.observe(budgetLease, live, max(fresh, len(live)))
 	c.updateMetricsLocked(claims)
 	c.stepped = true
 	return nil

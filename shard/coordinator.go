@@ -81,6 +81,7 @@ type Coordinator struct {
 	starting        bool
 	pendingIO       int // claims and releases in flight
 	claimsInFlight  int
+	releasing       map[int]bool // orphaned claims being released
 	claimsSince     time.Time // when the oldest claim in flight started
 	retryAt         map[string]time.Time
 	stepped         bool
@@ -171,6 +172,7 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 		nodeState:     map[string]nodeState{},
 		nodePartition: map[string]int{},
 		retryAt:       map[string]time.Time{},
+		releasing:     map[int]bool{},
 		readyReason:   "not started",
 	}
 	c.budget = newBudget(c, deps.Budget, deps.GlobalRate, deps.GlobalBurst)
@@ -644,6 +646,7 @@ func (c *Coordinator) reconcileNodesLocked(ctx context.Context, now time.Time, c
 			}
 		}
 	}
+	c.releaseOrphansLocked(ctx, now, claims, busy)
 	// Claims won together are served together: one ENI list for all (the
 	// cloud allows ListENIs about once a second for the whole cluster).
 	settling := c.claimsInFlight > 0 && now.Sub(c.claimsSince) < time.Second
@@ -656,6 +659,38 @@ func (c *Coordinator) reconcileNodesLocked(ctx context.Context, now time.Time, c
 		go c.serve(ctx, start)
 	}
 	c.updateReadyLocked(now, exists)
+}
+
+// releaseOrphansLocked releases claims that still name this replica although
+// it does not serve them: a fenced stop (a lapsed lease, a lost CAS race)
+// leaves the claim in place, and if the ring has meanwhile given the
+// partition to another replica, nobody else may take it while our lease is
+// fresh. Released only once the partition's nodes have stopped.
+func (c *Coordinator) releaseOrphansLocked(ctx context.Context, now time.Time, claims []Claim, busy map[int]bool) {
+	if !now.Before(c.leaseValidUntil) || c.releasing == nil {
+		return
+	}
+	var owners []string
+	if c.ring != nil {
+		owners = c.ring.Table().Owners
+	}
+	for p, cl := range claims {
+		if cl.Holder != c.self || c.own.State(p) != Unowned || busy[p] || c.releasing[p] || (owners != nil && owners[p] == c.self) {
+			continue
+		}
+		c.releasing[p] = true
+		c.pendingIO++
+		c.log.Info("releasing a claim this replica no longer serves", "partition", p)
+		go func() {
+			c.release(ctx, p, cl.Version)
+			c.results <- func() {
+				c.mu.Lock()
+				c.pendingIO--
+				delete(c.releasing, p)
+				c.mu.Unlock()
+			}
+		}()
+	}
 }
 
 // serve rebuilds a batch of nodes in one ServeNodes (one VPC-wide ENI list).

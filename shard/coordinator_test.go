@@ -5,6 +5,10 @@ import (
 	"testing"
 	"time"
 
+	coordv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -105,5 +109,65 @@ func TestCoordinator_TimelyRenewalKeepsServing(t *testing.T) {
 	case <-c.results:
 		t.Fatal("a timely renewal queued a fence")
 	default:
+	}
+}
+
+// A claim that still names this replica after a fenced stop, for a partition
+// the ring now gives to another replica, is released (else nobody could
+// take it while this replica's lease stays fresh: the node would have no
+// owner for good). Found by the chaos suite.
+func TestCoordinator_ReleasesOrphanedClaims(t *testing.T) {
+	c, _ := newTestCoordinator(t)
+	ctx := context.Background()
+	c.writeLease(ctx)
+	ring, err := NewRing(c.cfg.Ring, []string{"r0", "r1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners := ring.Table().Owners
+	theirs, ours := -1, -1
+	for p, o := range owners {
+		if o == "r1" && theirs < 0 {
+			theirs = p
+		}
+		if o == "r0" && ours < 0 {
+			ours = p
+		}
+	}
+	leases := c.kube.CoordinationV1().Leases("ns")
+	claims := make([]Claim, c.cfg.Ring.Partitions)
+	for _, p := range []int{theirs, ours} {
+		l, err := leases.Create(ctx, &coordv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: PartitionLeaseName(p), Labels: map[string]string{labelKind: kindPartition}},
+			Spec:       coordv1.LeaseSpec{HolderIdentity: ptr.To("r0")},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		claims[p] = Claim{Holder: "r0", Version: l.ResourceVersion}
+	}
+	c.mu.Lock()
+	c.ring = ring
+	c.releaseOrphansLocked(ctx, c.clock.Now(), claims, map[int]bool{})
+	c.mu.Unlock()
+	select {
+	case f := <-c.results:
+		f()
+	case <-time.After(10 * time.Second):
+		t.Fatal("no release happened")
+	}
+	got, err := leases.Get(ctx, PartitionLeaseName(theirs), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := ptr.Deref(got.Spec.HolderIdentity, ""); h != "" {
+		t.Fatalf("orphaned claim of partition %d still held by %q", theirs, h)
+	}
+	mine, err := leases.Get(ctx, PartitionLeaseName(ours), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := ptr.Deref(mine.Spec.HolderIdentity, ""); h != "r0" {
+		t.Fatalf("a claim the ring still gives us was released (holder %q): it is reclaimed, not dropped", h)
 	}
 }

@@ -24,6 +24,10 @@ import (
 type Locator interface {
 	PodNode(ctx context.Context, ref cni.PodRef) (string, error)
 	EndpointNode(ctx context.Context, ref cni.PodRef) (string, bool, error)
+	// NodeGone and ReleaseOnDeletedNode serve a DEL for a node that no
+	// longer exists (no replica owns it, so it cannot be routed).
+	NodeGone(ctx context.Context, node string) bool
+	ReleaseOnDeletedNode(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, error)
 }
 
 // Router is the cni.Backend of a sharded replica: a call for a node this
@@ -100,6 +104,9 @@ func (r *Router) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, boo
 	}
 	if !ok {
 		return cni.Endpoint{}, false, nil // nothing to free anywhere
+	}
+	if r.locator.NodeGone(ctx, node) {
+		return r.locator.ReleaseOnDeletedNode(ctx, ref)
 	}
 	return r.route(ctx, methodRelease, node, ref,
 		func(ctx context.Context) (cni.Endpoint, bool, error) { return r.local.Release(ctx, ref) },

@@ -1124,3 +1124,35 @@ func TestSharding_BusyReplicaBorrowsBudget(t *testing.T) {
 		t.Errorf("bce-sim saw %d calls in one second, above %d", maxSec, globalRate+globalBurst)
 	}
 }
+
+// A DEL for a pod whose node was deleted cannot be routed (no replica owns a
+// node that does not exist): it is answered at once, and the wep goes.
+func TestSharding_ReleaseOnDeletedNode(t *testing.T) {
+	e := newShardEnv(t, 2)
+	r := e.start(e.keyFile)
+	e.settle(60 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pod, err := e.newPod(ctx, e.nodes[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.allocate(ctx, r, pod); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.kube.CoreV1().Nodes().Delete(ctx, e.nodes[1], metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	cctx, ccancel := context.WithTimeout(ctx, 15*time.Second) // below --shard-owner-wait
+	defer ccancel()
+	reply, err := r.cni.ReleaseIP(cctx, &rpc.ReleaseIPRequest{K8SPodName: pod, K8SPodNamespace: e.ns,
+		K8SPodInfraContainerID: "sandbox-" + pod, IPType: rpc.IPType_BCCMultiENIMultiIPType})
+	if err != nil || !reply.IsSuccess {
+		t.Fatalf("DEL on a deleted node: %v %v", reply, err)
+	}
+	t.Logf("DEL on a deleted node answered in %s", time.Since(start).Round(time.Millisecond))
+	if _, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(ctx, pod, metav1.GetOptions{}); err == nil {
+		t.Fatal("the wep of the pod on the deleted node is still there")
+	}
+}

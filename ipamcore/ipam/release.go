@@ -119,3 +119,36 @@ func (i *IPAM) Check(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, e
 	}
 	return endpointOf(wep), true, nil
 }
+
+// NodeGone reports whether a node no longer exists (confirmed with the API
+// server): no shard serves it, so calls for it cannot be routed.
+func (i *IPAM) NodeGone(ctx context.Context, node string) bool {
+	return i.nodeGone(ctx, node)
+}
+
+// ReleaseOnDeletedNode is the DEL of a pod whose node no longer exists: its
+// IP went with the node's ENIs, so only the wep is deleted (guarded by the
+// sandbox's container ID, as Release is). Fixed-IP weps stay reserved.
+func (i *IPAM) ReleaseOnDeletedNode(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, error) {
+	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
+	defer unlock()
+	wep, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return cni.Endpoint{}, false, nil
+	}
+	if err != nil {
+		return cni.Endpoint{}, false, fmt.Errorf("get WorkloadEndpoint: %w", err)
+	}
+	if wep.Spec.ContainerID != ref.ContainerID || !i.nodeGone(ctx, wep.Spec.Node) {
+		return cni.Endpoint{}, false, nil
+	}
+	if wep.IsFixedStatefulSet() {
+		return endpointOf(wep), true, nil
+	}
+	if err := i.deleteWEP(ctx, wep); err != nil {
+		return cni.Endpoint{}, false, err
+	}
+	i.metrics.releases.WithLabelValues("ok", pathPool).Inc()
+	i.log.Info("released the wep of a pod on a deleted node", "pod", ref.String(), "node", wep.Spec.Node)
+	return endpointOf(wep), true, nil
+}

@@ -82,7 +82,7 @@ type Coordinator struct {
 	pendingIO       int // claims and releases in flight
 	claimsInFlight  int
 	releasing       map[int]bool // orphaned claims being released
-	claimsSince     time.Time // when the oldest claim in flight started
+	claimsSince     time.Time    // when the oldest claim in flight started
 	retryAt         map[string]time.Time
 	stepped         bool
 	readyReason     string

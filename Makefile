@@ -1,6 +1,6 @@
 # cce-ipam: a sharded, active-active ENI IPAM for Baidu Cloud CCE.
 #
-#   make demo    the main job: local control plane, bce-sim, cce-ipam, kubelet-sim; pods get IPs (one replica until sharding)
+#   make demo    the main job: local control plane, bce-sim, 3 cce-ipam replicas, kubelet-sim; live view until Ctrl-C
 #   make test    unit tests (-race) + integration tests against a real etcd + kube-apiserver
 #
 # Test tools (etcd, kube-apiserver, kube-controller-manager, helm) are built from

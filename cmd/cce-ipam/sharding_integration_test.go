@@ -346,6 +346,16 @@ func (e *shardEnv) settle(d time.Duration) time.Duration {
 				ok, last = false, fmt.Sprintf("%s sees %d live members, want %d: %+v", r.name, liveMembers, len(live), st.Members)
 				break
 			}
+			// Converged: every live member holds what the ring gives it
+			// (a join is settled only once the hand-overs are done).
+			for _, m := range st.Members {
+				if m.Live && m.HeldPartitions != m.RingPartitions {
+					ok, last = false, fmt.Sprintf("%s: %s holds %d partitions, the ring gives it %d", r.name, m.Name, m.HeldPartitions, m.RingPartitions)
+				}
+			}
+			if !ok {
+				break
+			}
 		}
 		if ok {
 			return time.Since(start)

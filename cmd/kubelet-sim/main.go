@@ -105,8 +105,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	switch {
-	case o.sim.CNIEndpoint == "":
-		return errors.New("--cni-endpoint is required")
+	case o.sim.CNIEndpoint == "" && len(o.sim.CNIEndpoints) == 0:
+		return errors.New("--cni-endpoint or --cni-endpoints is required")
 	case o.nodes < 0 || o.nodeStart < 0:
 		return errors.New("--nodes and --node-start must not be negative")
 	}

@@ -94,7 +94,7 @@ type Config struct {
 // RegisterFlags binds the config to command-line flags.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Name, "name", "kubelet-sim", "simulator name: value of the "+LabelSimulator+" label on the nodes it registers and serves")
-	fs.StringVar(&c.CNIEndpoint, "cni-endpoint", "", "host:port of the IPAM's CNI gRPC service (rpc.CNIBackend) (required)")
+	fs.StringVar(&c.CNIEndpoint, "cni-endpoint", "", "host:port of the IPAM's CNI gRPC service (rpc.CNIBackend); this or --cni-endpoints is required")
 	fs.StringSliceVar(&c.CNIEndpoints, "cni-endpoints", nil, "more CNI service addresses (comma-separated); each call goes to a random one of all endpoints")
 	fs.StringVar(&c.Namespace, "namespace", "", "only schedule and run pods of this namespace; empty means all")
 	fs.IntVar(&c.Workers, "workers", 32, "pods handled at once (binds, CNI calls, status writes)")

@@ -17,7 +17,7 @@ func TestRun_Flags(t *testing.T) {
 		want string // substring of the error; "" means ErrHelp
 	}{
 		{"help", []string{"--help"}, ""},
-		{"no endpoint", []string{"--nodes", "0"}, "--cni-endpoint is required"},
+		{"no endpoint", []string{"--nodes", "0"}, "--cni-endpoint or --cni-endpoints is required"},
 		{"bad level", []string{"--log-level", "loud"}, "--log-level"},
 		{"bad format", []string{"--log-format", "xml"}, "--log-format"},
 		{"negative nodes", []string{"--cni-endpoint", "127.0.0.1:1", "--nodes", "-1"}, "must not be negative"},

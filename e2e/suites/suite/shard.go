@@ -2,12 +2,15 @@ package suite
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cce-ipam/sharded/e2e/fleet"
+	"github.com/cce-ipam/sharded/shard"
 )
 
 // Ownership is one scrape of every running replica's shard gauges.
@@ -67,6 +70,16 @@ func WaitSharded(ctx context.Context, t testing.TB, f *fleet.Fleet) Ownership {
 			for _, m := range o.Members {
 				settled = settled && m == len(o.Owned)
 			}
+			// And the hand-overs are done: every live member holds what
+			// the ring gives it (just after a join, the old owners still
+			// serve everything).
+			for _, r := range f.Live() {
+				if settled && r.Running() {
+					if err := converged(ctx, r); err != nil {
+						settled, lastErr = false, err
+					}
+				}
+			}
 			if settled {
 				return o
 			}
@@ -77,4 +90,31 @@ func WaitSharded(ctx context.Context, t testing.TB, f *fleet.Fleet) Ownership {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// converged asks a replica's /shard/status whether every live member holds
+// the partitions the ring gives it.
+func converged(ctx context.Context, r *fleet.Replica) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	url := strings.TrimSuffix(r.MetricsURL(), "/metrics") + "/shard/status"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var st shard.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return fmt.Errorf("replica %d status: %w", r.Index(), err)
+	}
+	for _, m := range st.Members {
+		if m.Live && m.HeldPartitions != m.RingPartitions {
+			return fmt.Errorf("replica %d sees %s holding %d partitions, the ring gives it %d", r.Index(), m.Name, m.HeldPartitions, m.RingPartitions)
+		}
+	}
+	return nil
 }

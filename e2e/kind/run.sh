@@ -4,6 +4,7 @@
 #
 #   e2e/kind/run.sh            build images, create the cluster, deploy, test, delete the cluster
 #   KEEP=1 e2e/kind/run.sh     keep the cluster afterwards (kubeconfig path is printed)
+#   KIND_NODE_IMAGE=kindest/node:v1.3x.y e2e/kind/run.sh   pick the node image (Kubernetes 1.31 or later)
 #
 # Needs docker (or podman via `make image`), kind, kubectl, go; helm is taken
 # from bin/ (make tools) or PATH.
@@ -76,7 +77,15 @@ if kind get clusters 2>/dev/null | grep -qx "$NAME"; then
 fi
 log "creating kind cluster $NAME"
 CREATED=1
-kind create cluster --name "$NAME" --config "$HERE/cluster.yaml" --kubeconfig "$KUBECONFIG" --wait 120s
+IMAGE_ARGS=()
+if [[ -n "${KIND_NODE_IMAGE:-}" ]]; then IMAGE_ARGS=(--image "$KIND_NODE_IMAGE"); fi
+kind create cluster --name "$NAME" --config "$HERE/cluster.yaml" --kubeconfig "$KUBECONFIG" --wait 120s "${IMAGE_ARGS[@]}"
+# The CRDs use selectable fields (spec.node), on by default from Kubernetes 1.31.
+minor=$(kubectl get --raw /version | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n 1)
+if [[ -z "$minor" || "$minor" -lt 31 ]]; then
+	echo "e2e-kind: the cluster runs Kubernetes 1.${minor:-?}; the CRDs need 1.31 or later (set KIND_NODE_IMAGE)" >&2
+	exit 1
+fi
 
 log "loading images into the cluster"
 kind load docker-image --name "$NAME" "$IMAGE" "$IMAGE_SIM"

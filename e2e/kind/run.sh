@@ -45,7 +45,7 @@ FORWARDS=()
 CREATED=0
 cleanup() {
 	local code=$?
-	for pid in "${FORWARDS[@]}"; do
+	for pid in ${FORWARDS[@]+"${FORWARDS[@]}"}; do
 		kill "$pid" 2>/dev/null || true
 		wait "$pid" 2>/dev/null || true
 	done
@@ -79,7 +79,7 @@ log "creating kind cluster $NAME"
 CREATED=1
 IMAGE_ARGS=()
 if [[ -n "${KIND_NODE_IMAGE:-}" ]]; then IMAGE_ARGS=(--image "$KIND_NODE_IMAGE"); fi
-kind create cluster --name "$NAME" --config "$HERE/cluster.yaml" --kubeconfig "$KUBECONFIG" --wait 120s "${IMAGE_ARGS[@]}"
+kind create cluster --name "$NAME" --config "$HERE/cluster.yaml" --kubeconfig "$KUBECONFIG" --wait 120s ${IMAGE_ARGS[@]+"${IMAGE_ARGS[@]}"}
 # The CRDs use selectable fields (spec.node), on by default from Kubernetes 1.31.
 minor=$(kubectl get --raw /version | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n 1)
 if [[ -z "$minor" || "$minor" -lt 31 ]]; then

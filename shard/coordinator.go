@@ -82,6 +82,7 @@ type Coordinator struct {
 	pendingIO       int // claims and releases in flight
 	claimsInFlight  int
 	releasing       map[int]bool // orphaned claims being released
+	closeOnce       func()
 	claimsSince     time.Time    // when the oldest claim in flight started
 	retryAt         map[string]time.Time
 	stepped         bool
@@ -209,12 +210,17 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	// The informers outlive Run: after a graceful leave, calls still in
+	// flight here are forwarded to the new owners, which needs a current
+	// view of the claims and leases until Close.
 	infCtx, stopInformers := context.WithCancel(context.Background())
 	c.leaseInformers.Start(infCtx.Done())
-	defer func() {
+	c.mu.Lock()
+	c.closeOnce = sync.OnceFunc(func() {
 		stopInformers()
 		c.leaseInformers.Shutdown()
-	}()
+	})
+	c.mu.Unlock()
 	for typ, ok := range c.leaseInformers.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			return fmt.Errorf("shard: cache of %v did not sync", typ)
@@ -235,7 +241,47 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	err := c.loop(ctx, loopCtx)
 	stopLoop()
 	wg.Wait()
+	// Keep observing other replicas' leases (not claiming anything) so
+	// routing stays right until Close.
+	go c.observeUntil(infCtx)
 	return err
+}
+
+// observeUntil keeps the view of other replicas fresh after the loop ended.
+func (c *Coordinator) observeUntil(ctx context.Context) {
+	t := c.clock.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		leases, err := c.leases.List(labels.Everything())
+		if err != nil {
+			continue
+		}
+		present := map[string]*coordv1.Lease{}
+		for _, l := range leases {
+			if l.Labels[labelKind] == kindReplica && l.Annotations[annoMember] != "" {
+				present[l.Annotations[annoMember]] = l
+			}
+		}
+		c.mu.Lock()
+		c.observe(present, c.clock.Now())
+		c.mu.Unlock()
+	}
+}
+
+// Close stops the informers Run started; call it once nothing routes calls
+// any more (after the gRPC server stopped).
+func (c *Coordinator) Close() {
+	c.mu.Lock()
+	f := c.closeOnce
+	c.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // loop is the only goroutine that changes the Ownership.

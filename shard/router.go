@@ -139,6 +139,12 @@ func (r *Router) route(ctx context.Context, method, node string, ref cni.PodRef,
 	local func(context.Context) (cni.Endpoint, bool, error),
 	remote func(context.Context, rpc.CNIBackendClient) (cni.Endpoint, bool, error),
 ) (cni.Endpoint, bool, error) {
+	gone := func() (cni.Endpoint, bool, error) {
+		if method == methodRelease {
+			return r.locator.ReleaseOnDeletedNode(ctx, ref)
+		}
+		return cni.Endpoint{}, false, fmt.Errorf("node %s no longer exists", node)
+	}
 	from, forwarded := forwardedFrom(ctx)
 	wait := r.coord.cfg.OwnerWait
 	if forwarded {
@@ -166,6 +172,10 @@ func (r *Router) route(ctx context.Context, method, node string, ref cni.PodRef,
 				return ep, ok, err
 			}
 			lastErr = err
+		}
+		// A node deleted meanwhile will never be served again.
+		if lastErr != nil && r.locator.NodeGone(ctx, node) {
+			return gone()
 		}
 		if !time.Now().Before(deadline) || ctx.Err() != nil {
 			r.coord.metrics.ownerWaits.WithLabelValues("timeout").Inc()

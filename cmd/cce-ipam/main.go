@@ -192,6 +192,7 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	defer coord.Close() // after the gRPC server has drained (deferred last-in, first-out)
 	core.SetFence(coord)
 	provider.SetGate(coord.Gate)
 

@@ -192,8 +192,44 @@ func freePort(t *testing.T) int {
 	}
 }
 
-// start launches replica number i, joining every replica started so far.
+// start launches the next replica, joining every replica started so far.
+// Free ports are picked by closing a listener, so another process may take
+// one first: a replica that exits because its address is in use is started
+// again on new ports.
 func (e *shardEnv) start(keyFile string) *replica {
+	e.t.Helper()
+	for attempt := 0; ; attempt++ {
+		r := e.startOnce(keyFile)
+		if attempt >= 3 || !r.exitedInUse() {
+			return r
+		}
+		e.replicas = e.replicas[:len(e.replicas)-1]
+		e.t.Logf("%s could not bind its ports; starting it again", r.name)
+	}
+}
+
+// exitedInUse waits until the replica answers /healthz or exits, and
+// reports an exit because an address was in use.
+func (r *replica) exitedInUse() bool {
+	deadline := time.Now().Add(30 * time.Second)
+	c := http.Client{Timeout: time.Second}
+	for time.Now().Before(deadline) {
+		select {
+		case <-r.exited:
+			data, _ := os.ReadFile(r.logPath)
+			return strings.Contains(string(data), "address already in use")
+		default:
+		}
+		if resp, err := c.Get("http://" + r.http + "/healthz"); err == nil {
+			resp.Body.Close()
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
+}
+
+func (e *shardEnv) startOnce(keyFile string) *replica {
 	t := e.t
 	t.Helper()
 	r := &replica{grpc: freeAddr(t), http: freeAddr(t), gossipPort: freePort(t), exited: make(chan struct{})}

@@ -83,7 +83,7 @@ type Coordinator struct {
 	claimsInFlight  int
 	releasing       map[int]bool // orphaned claims being released
 	closeOnce       func()
-	claimsSince     time.Time    // when the oldest claim in flight started
+	claimsSince     time.Time // when the oldest claim in flight started
 	retryAt         map[string]time.Time
 	stepped         bool
 	readyReason     string

@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
@@ -210,40 +209,6 @@ func TestIPAM_DelRacingAdd(t *testing.T) {
 		t.Fatalf("%d assigned IPs but %d weps after racing ADD/DEL", st.Assigned, len(weps.Items))
 	}
 	e.checkNoLeak()
-}
-
-// ServeAllNodes follows the cluster: a new BCC node is served, a deleted
-// node's state is dropped without touching the others.
-func TestIPAM_ServeAllNodesFollowsNodes(t *testing.T) {
-	e := newEnvIn(t, "all", 2, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond}, world{annotateMaxIPs: true, ipPool: true})
-	for _, n := range e.nodes {
-		e.ipam.StopServingNode(n)
-	}
-	go func() { _ = e.ipam.ServeAllNodes(e.ctx) }()
-	eventually(t, 20*time.Second, "both nodes served", func() bool {
-		_, err0 := e.ipam.Stats(e.nodes[0])
-		_, err1 := e.ipam.Stats(e.nodes[1])
-		return err0 == nil && err1 == nil
-	})
-	if err := e.kube.CoreV1().Nodes().Delete(e.ctx, e.nodes[1], metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 20*time.Second, "deleted node dropped", func() bool {
-		_, err := e.ipam.Stats(e.nodes[1])
-		return err != nil
-	})
-	if _, err := e.ipam.Stats(e.nodes[0]); err != nil {
-		t.Fatalf("dropping one node dropped the other: %v", err)
-	}
-	// GC deletes the deleted node's IPPool (the agent's), not the other's.
-	e.ipam.CollectGarbage(e.ctx)
-	pools := e.cce.CceV1alpha1().IPPools(cce.IPPoolNamespace)
-	if _, err := pools.Get(e.ctx, cce.IPPoolName(e.nodes[1]), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("IPPool of the deleted node still there (err %v)", err)
-	}
-	if _, err := pools.Get(e.ctx, cce.IPPoolName(e.nodes[0]), metav1.GetOptions{}); err != nil {
-		t.Fatalf("IPPool of a live node deleted: %v", err)
-	}
 }
 
 // A pod bound a moment ago may still be unbound in the IPAM's cache: the ADD

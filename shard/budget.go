@@ -171,21 +171,6 @@ func (b *budget) demand(cur Share) (busy bool, need float64) {
 	return b.quiet < 3, 2 * b.usage
 }
 
-// target is the even split: rate/n each, burst split in whole tokens (the
-// remainder to the first members by name), at least 1 token each.
-func target(global Share, live []string, self string) Share {
-	i := slices.Index(live, self)
-	if i < 0 || global.Rate <= 0 {
-		return Share{}
-	}
-	n := int64(len(live))
-	burst := global.Burst / n
-	if int64(i) < global.Burst%n {
-		burst++
-	}
-	return Share{Rate: global.Rate / float64(n), Burst: max(burst, 1)}
-}
-
 func (b *budget) loop(ctx context.Context) {
 	if b.setter == nil {
 		return

@@ -77,11 +77,11 @@ type Coordinator struct {
 	written         map[int]writtenClaim
 	wantedSince     map[int]time.Time // partition became ours in the ring, not yet served
 	nodeState       map[string]nodeState
-	nodePartition   map[string]int
 	starting        bool
 	pendingIO       int // claims and releases in flight
 	claimsInFlight  int
 	releasing       map[int]bool // orphaned claims being released
+	claims          []Claim      // the claims as of the last look (watch + our own writes)
 	closeOnce       func()
 	claimsSince     time.Time // when the oldest claim in flight started
 	retryAt         map[string]time.Time
@@ -161,20 +161,19 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 	}
 	c := &Coordinator{
 		cfg: cfg, self: self, addrs: addrs, kube: deps.Kube, nodes: deps.Nodes, gossip: deps.Gossip, clock: deps.Clock, log: log,
-		metrics:       newMetrics(reg),
-		nodeInformer:  deps.NodeInformer,
-		nodeLister:    corelisters.NewNodeLister(deps.NodeInformer.GetIndexer()),
-		kick:          make(chan struct{}, 1),
-		results:       make(chan func(), 1024),
-		own:           NewOwnership(self, cfg.Ring.Partitions),
-		seen:          map[string]observed{},
-		written:       map[int]writtenClaim{},
-		wantedSince:   map[int]time.Time{},
-		nodeState:     map[string]nodeState{},
-		nodePartition: map[string]int{},
-		retryAt:       map[string]time.Time{},
-		releasing:     map[int]bool{},
-		readyReason:   "not started",
+		metrics:      newMetrics(reg),
+		nodeInformer: deps.NodeInformer,
+		nodeLister:   corelisters.NewNodeLister(deps.NodeInformer.GetIndexer()),
+		kick:         make(chan struct{}, 1),
+		results:      make(chan func(), 1024),
+		own:          NewOwnership(self, cfg.Ring.Partitions),
+		seen:         map[string]observed{},
+		written:      map[int]writtenClaim{},
+		wantedSince:  map[int]time.Time{},
+		nodeState:    map[string]nodeState{},
+		retryAt:      map[string]time.Time{},
+		releasing:    map[int]bool{},
+		readyReason:  "not started",
 	}
 	c.budget = newBudget(c, deps.Budget, deps.GlobalRate, deps.GlobalBurst)
 	c.leaseInformers = informers.NewSharedInformerFactoryWithOptions(deps.Kube, 0,
@@ -261,13 +260,9 @@ func (c *Coordinator) observeUntil(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		present := map[string]*coordv1.Lease{}
-		for _, l := range leases {
-			if l.Labels[labelKind] == kindReplica && l.Annotations[annoMember] != "" {
-				present[l.Annotations[annoMember]] = l
-			}
-		}
+		claims, present, _ := c.readLeases(leases)
 		c.mu.Lock()
+		c.applyWrittenLocked(claims)
 		c.observe(present, c.clock.Now())
 		c.mu.Unlock()
 	}
@@ -370,35 +365,10 @@ func (c *Coordinator) step(ctx context.Context) error {
 			gossip[m] = true
 		}
 	}
-	claims := make([]Claim, c.cfg.Ring.Partitions)
-	present := map[string]*coordv1.Lease{}
-	var budgetLease *coordv1.Lease
-	for _, l := range leases {
-		switch l.Labels[labelKind] {
-		case kindReplica:
-			if m := l.Annotations[annoMember]; m != "" {
-				present[m] = l
-			}
-		case kindPartition:
-			if p, ok := partitionFromLease(l.Name); ok && p < len(claims) {
-				claims[p] = Claim{Holder: ptr.Deref(l.Spec.HolderIdentity, ""), Version: l.ResourceVersion}
-			}
-		case kindBudget:
-			budgetLease = l
-		}
-	}
-
+	claims, present, budgetLease := c.readLeases(leases)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// Our own writes win over a watch that has not caught up with them.
-	for p, w := range c.written {
-		switch {
-		case claims[p].Version == w.replaced:
-			claims[p] = w.claim
-		default:
-			delete(c.written, p)
-		}
-	}
+	c.applyWrittenLocked(claims)
 	c.observe(present, now)
 	live := c.liveLocked(now, gossip)
 	if !slices.Equal(live, c.live) || c.ring == nil && len(live) > 0 {
@@ -446,9 +416,46 @@ func (c *Coordinator) step(ctx context.Context) error {
 		}
 	}
 	c.budget.observe(budgetLease, live, max(fresh, len(live)))
-	c.updateMetricsLocked(claims)
+	c.updateMetricsLocked()
 	c.stepped = true
 	return nil
+}
+
+// readLeases sorts the coordination Leases: the partition claims, the
+// replica Leases by member, and the budget Lease.
+func (c *Coordinator) readLeases(leases []*coordv1.Lease) ([]Claim, map[string]*coordv1.Lease, *coordv1.Lease) {
+	claims := make([]Claim, c.cfg.Ring.Partitions)
+	present := map[string]*coordv1.Lease{}
+	var budgetLease *coordv1.Lease
+	for _, l := range leases {
+		switch l.Labels[labelKind] {
+		case kindReplica:
+			if m := l.Annotations[annoMember]; m != "" {
+				present[m] = l
+			}
+		case kindPartition:
+			if p, ok := partitionFromLease(l.Name); ok && p < len(claims) {
+				claims[p] = Claim{Holder: ptr.Deref(l.Spec.HolderIdentity, ""), Version: l.ResourceVersion}
+			}
+		case kindBudget:
+			budgetLease = l
+		}
+	}
+	return claims, present, budgetLease
+}
+
+// applyWrittenLocked lets our own claim writes win over a watch that has not
+// caught up with them, forgets writes the watch has shown, and keeps the
+// result as the claims view that routing and status read.
+func (c *Coordinator) applyWrittenLocked(claims []Claim) {
+	for p, w := range c.written {
+		if claims[p].Version == w.replaced {
+			claims[p] = w.claim
+		} else {
+			delete(c.written, p)
+		}
+	}
+	c.claims = claims
 }
 
 // observe records other replicas' Lease versions and when they changed.
@@ -650,18 +657,14 @@ func (c *Coordinator) reconcileNodesLocked(ctx context.Context, now time.Time, c
 			continue
 		}
 		exists[n.Name] = true
-		p, ok := c.nodePartition[n.Name]
-		if !ok {
-			p = PartitionOf(c.cfg.Ring.Partitions, n.Name)
-			c.nodePartition[n.Name] = p
-		}
+		p := PartitionOf(c.cfg.Ring.Partitions, n.Name)
 		if c.own.State(p) == Serving && c.nodeState[n.Name] == nodeAbsent && !now.Before(c.retryAt[n.Name]) {
 			start = append(start, n.Name)
 		}
 	}
 	busy := map[int]bool{} // partitions with nodes not yet stopped
 	for name, st := range c.nodeState {
-		p := c.nodePartition[name]
+		p := PartitionOf(c.cfg.Ring.Partitions, name)
 		if st != nodeAbsent {
 			busy[p] = true
 		}
@@ -782,7 +785,7 @@ func (c *Coordinator) updateReadyLocked(now time.Time, exists map[string]bool) {
 	default:
 		c.readyReason = ""
 		for name := range exists {
-			if c.own.State(c.nodePartition[name]) == Serving && c.nodeState[name] != nodeUp {
+			if c.own.State(PartitionOf(c.cfg.Ring.Partitions, name)) == Serving && c.nodeState[name] != nodeUp {
 				c.readyReason = "node " + name + " not served yet"
 				break
 			}
@@ -983,14 +986,10 @@ func (c *Coordinator) RouteOf(node string) Route {
 		r.Local = true
 		return r
 	}
-	l, err := c.leases.Get(PartitionLeaseName(p))
-	if err != nil {
-		return r
+	if p >= len(c.claims) {
+		return r // no look taken yet
 	}
-	holder := ptr.Deref(l.Spec.HolderIdentity, "")
-	if w, ok := c.written[p]; ok && l.ResourceVersion == w.replaced {
-		holder = w.claim.Holder
-	}
+	holder := c.claims[p].Holder
 	if holder == "" || holder == c.self || c.expiredLocked(holder, now) {
 		return r
 	}

@@ -86,7 +86,7 @@ func TestTarget_SharesNeverExceedTheBudget(t *testing.T) {
 			}
 			var sum Share
 			for _, m := range live {
-				s := target(global, live, m)
+				s := demandTarget(global, live, m, nil, true, 0) // all busy: the even split
 				if s.Burst < 1 || s.Rate <= 0 {
 					t.Fatalf("global %v, %d replicas: %s gets %v", global, n, m, s)
 				}
@@ -103,7 +103,7 @@ func TestTarget_SharesNeverExceedTheBudget(t *testing.T) {
 			}
 		}
 	}
-	if s := target(Share{Rate: 10, Burst: 5}, []string{"a", "b"}, "c"); s != (Share{}) {
+	if s := demandTarget(Share{Rate: 10, Burst: 5}, []string{"a", "b"}, "c", nil, true, 0); s != (Share{}) {
 		t.Errorf("a replica outside the ring gets %v", s)
 	}
 }

@@ -70,7 +70,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 // updateMetricsLocked refreshes the gauges (called under c.mu).
-func (c *Coordinator) updateMetricsLocked(_ []Claim) {
+func (c *Coordinator) updateMetricsLocked() {
 	up := 0
 	for _, st := range c.nodeState {
 		if st == nodeUp {

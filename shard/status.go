@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/utils/ptr"
 )
 
 // Status is a replica's view of the cluster, served at /shard/status for
@@ -61,7 +60,6 @@ type NodeStatus struct {
 // Status snapshots this replica's view. leader may be nil.
 func (c *Coordinator) Status(leader func() (string, bool)) Status {
 	now := c.clock.Now()
-	leases, _ := c.leases.List(labels.Everything())
 	nodes, _ := c.nodeLister.List(labels.Everything())
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -73,13 +71,8 @@ func (c *Coordinator) Status(leader func() (string, bool)) Status {
 		st.Leader, st.IsLeader = leader()
 	}
 	holders := make([]string, c.cfg.Ring.Partitions)
-	for _, l := range leases {
-		if p, ok := partitionFromLease(l.Name); ok && p < len(holders) && l.Labels[labelKind] == kindPartition {
-			holders[p] = ptr.Deref(l.Spec.HolderIdentity, "")
-			if w, ok := c.written[p]; ok && l.ResourceVersion == w.replaced {
-				holders[p] = w.claim.Holder
-			}
-		}
+	for p, cl := range c.claims {
+		holders[p] = cl.Holder
 	}
 	members := map[string]*MemberStatus{}
 	get := func(name string) *MemberStatus {

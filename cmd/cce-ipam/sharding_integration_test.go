@@ -1050,30 +1050,34 @@ func TestSharding_JoinLeaveGraceful(t *testing.T) {
 	e.checkIPs(checkCtx, pods)
 
 	// (e) The budget at bce-sim, over the whole test.
-	var st bcesim.Stats
-	resp, err := http.Get(strings.TrimSuffix("http://"+strings.TrimPrefix(e.simAddr, "http://"), "/") + "/admin/stats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = json.NewDecoder(resp.Body).Decode(&st)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	maxSec, at := int64(0), int64(0)
-	for _, s := range st.All.PerSecond {
-		if s.Unix < joinStart.Unix() {
-			continue
-		}
-		if s.Calls > maxSec {
-			maxSec, at = s.Calls, s.Unix
-		}
-	}
+	maxSec, at := e.busiestSecond(joinStart)
 	t.Logf("BUDGET: busiest second during join/leave had %d BCE calls (at %s); global rate %d + burst %d = %d",
 		maxSec, time.Unix(at, 0).Format(time.TimeOnly), globalRate, globalBurst, globalRate+globalBurst)
 	if maxSec > globalRate+globalBurst {
 		t.Errorf("bce-sim saw %d calls in one second, above rate + burst = %d", maxSec, globalRate+globalBurst)
 	}
+}
+
+// busiestSecond reads bce-sim's per-second counters: the most calls in any
+// one second since start, and which second.
+func (e *shardEnv) busiestSecond(since time.Time) (calls, unix int64) {
+	e.t.Helper()
+	var st bcesim.Stats
+	resp, err := http.Get("http://" + strings.TrimPrefix(e.simAddr, "http://") + "/admin/stats")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, s := range st.All.PerSecond {
+		if s.Unix >= since.Unix() && s.Calls > calls {
+			calls, unix = s.Calls, s.Unix
+		}
+	}
+	return calls, unix
 }
 
 func moved(a, b map[string]string) int {
@@ -1149,22 +1153,7 @@ func TestSharding_BusyReplicaBorrowsBudget(t *testing.T) {
 	if maxSum > globalRate+0.01 {
 		t.Errorf("published shares summed to %.2f/s, above the budget %d/s", maxSum, globalRate)
 	}
-	var st bcesim.Stats
-	resp, err := http.Get("http://" + strings.TrimPrefix(e.simAddr, "http://") + "/admin/stats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = json.NewDecoder(resp.Body).Decode(&st)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	maxSec := int64(0)
-	for _, s := range st.All.PerSecond {
-		if s.Unix >= start.Unix() {
-			maxSec = max(maxSec, s.Calls)
-		}
-	}
+	maxSec, _ := e.busiestSecond(start)
 	t.Logf("BORROW: busiest second at bce-sim: %d calls (rate + burst = %d)", maxSec, globalRate+globalBurst)
 	if maxSec > globalRate+globalBurst {
 		t.Errorf("bce-sim saw %d calls in one second, above %d", maxSec, globalRate+globalBurst)

@@ -84,6 +84,12 @@ func (c *Config) defaults() {
 	}
 }
 
+// WithDefaults returns the config with every default filled in.
+func (c Config) WithDefaults() Config {
+	c.defaults()
+	return c
+}
+
 // Validate reports a config that cannot work, after defaults.
 func (c Config) Validate() error {
 	c.defaults()

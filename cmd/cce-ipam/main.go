@@ -115,12 +115,7 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 			return err
 		}
 	}
-	if o.shard.Namespace == "" {
-		o.shard.Namespace = os.Getenv("POD_NAMESPACE")
-	}
-	if o.shard.Namespace == "" {
-		o.shard.Namespace = "kube-system"
-	}
+	o.shard = o.shard.WithDefaults() // the leader Lease follows its namespace
 	if o.leader.Namespace == "" {
 		o.leader.Namespace = o.shard.Namespace
 	}

@@ -54,6 +54,8 @@ type options struct {
 	logLevel      string
 	kubeQPS       float32
 	kubeBurst     int
+	watchQPS      float32
+	watchBurst    int
 	cloud         cloud.Config
 	ipam          ipam.Config
 	cni           cni.Config
@@ -72,6 +74,8 @@ func main() {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.Float32Var(&o.kubeQPS, "kube-api-qps", 50, "queries per second to the API server (client-side limit; lease renewals have their own)")
 	fs.IntVar(&o.kubeBurst, "kube-api-burst", 100, "burst of queries to the API server")
+	fs.Float32Var(&o.watchQPS, "kube-watch-qps", 100, "queries per second for the served nodes' pod and WorkloadEndpoint watches (two per node, started on a takeover; a client of their own so that they do not delay CNI calls)")
+	fs.IntVar(&o.watchBurst, "kube-watch-burst", 200, "burst of the served nodes' watch requests")
 	o.cloud.RegisterFlags(fs)
 	o.ipam.RegisterFlags(fs)
 	o.cni.RegisterFlags(fs)
@@ -165,10 +169,13 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 	leaseCfg := rest.CopyConfig(restCfg)
 	leaseCfg.QPS, leaseCfg.Burst = 100, 300
 	leaseKube := kubernetes.NewForConfigOrDie(leaseCfg)
+	watchCfg := rest.CopyConfig(restCfg)
+	watchCfg.QPS, watchCfg.Burst = o.watchQPS, o.watchBurst
 
 	var elector *membership.Elector
 	leader := func() bool { return elector != nil && elector.IsLeader() }
-	core, err := ipam.New(o.ipam, ipam.Deps{Kube: kube, CCE: cceClient, Cloud: provider, IsLeader: leader},
+	core, err := ipam.New(o.ipam, ipam.Deps{Kube: kube, CCE: cceClient, Cloud: provider, IsLeader: leader,
+		WatchKube: kubernetes.NewForConfigOrDie(watchCfg), WatchCCE: cceclient.NewForConfigOrDie(watchCfg)},
 		log.With("component", "ipam"), reg)
 	if err != nil {
 		return err

@@ -22,6 +22,10 @@ var _ cni.Backend = (*IPAM)(nil)
 // Config.AllocateWait; kubelet retries the ADD.
 var ErrPoolExhausted = errors.New("no idle IP on the node")
 
+// ErrWrongNode is returned for an ADD whose caller names a node the pod is
+// not bound to.
+var ErrWrongNode = errors.New("pod not bound to the calling node")
+
 // Allocate implements cni.Backend: ordinary pods from the warm pool,
 // fixed-IP StatefulSet pods their reserved address.
 func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, error) {
@@ -32,13 +36,19 @@ func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, erro
 	if err != nil {
 		return cni.Endpoint{}, err
 	}
+	if ref.Node != "" && ref.Node != pod.Spec.NodeName {
+		// An IP of another node's ENI would be useless to the caller's
+		// sandbox: refuse rather than allocate where the pod is not.
+		return cni.Endpoint{}, fmt.Errorf("%w: pod %s/%s is bound to node %s, the call came from node %s",
+			ErrWrongNode, ref.Namespace, ref.Name, pod.Spec.NodeName, ref.Node)
+	}
 	n, done, ok := i.acquire(pod.Spec.NodeName)
 	if !ok {
 		return cni.Endpoint{}, fmt.Errorf("%w: %s", ErrNodeNotServed, pod.Spec.NodeName)
 	}
 	defer done()
 	// A repeated ADD of the same sandbox gets the same answer.
-	if wep, err := i.weps.WorkloadEndpoints(ref.Namespace).Get(ref.Name); err == nil &&
+	if wep, ok := i.cachedWEP(n.name, ref.Namespace, ref.Name); ok &&
 		wep.Spec.ContainerID == ref.ContainerID && wep.Spec.Node == n.name {
 		i.metrics.allocations.WithLabelValues("ok", pathRepeat).Inc()
 		return endpointOf(wep), nil
@@ -241,16 +251,16 @@ func (i *IPAM) newWEP(pod *corev1.Pod, n *node, info datastore.IPInfo) *cce.Work
 	}
 }
 
-// getPod reads the pod from the cache, and from the API server when the cache
-// may be behind: it has not seen the pod, or only before its binding (no
-// node), or it still holds a deleted predecessor of the same name (being
-// deleted, or on another node than the plugin says). A CNI ADD happens only
-// after the binding, so the live read sees it.
+// getPod reads the pod from the watch of the node the plugin names, and from
+// the API server when that may be behind: the node is not served here or
+// the watch has not seen the pod yet (just bound), or it still holds a
+// deleted predecessor of the same name. A CNI ADD happens only after the
+// binding, so the live read sees it.
 func (i *IPAM) getPod(ctx context.Context, ref cni.PodRef) (*corev1.Pod, error) {
 	namespace, name := ref.Namespace, ref.Name
-	pod, err := i.pods.Pods(namespace).Get(name)
-	if apierrors.IsNotFound(err) || (err == nil && (pod.Spec.NodeName == "" || pod.DeletionTimestamp != nil ||
-		(ref.Node != "" && ref.Node != pod.Spec.NodeName))) {
+	pod, ok := i.cachedPod(ref.Node, namespace, name)
+	var err error
+	if !ok || pod.Spec.NodeName == "" || pod.DeletionTimestamp != nil || ref.Node != pod.Spec.NodeName {
 		pod, err = i.deps.Kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	}
 	if err != nil {
@@ -276,9 +286,15 @@ func endpointOf(w *cce.WorkloadEndpoint) cni.Endpoint {
 	}
 }
 
-// PodNode returns the node the pod is bound to, for routing a call to the
-// node's owner (cache first, the API server when the cache may be behind).
+// PodNode returns the node to route an ADD to: the node the plugin runs on
+// when it names a known node (the owner checks the pod is bound there, see
+// Allocate), else the node the pod is bound to, read from the API server.
 func (i *IPAM) PodNode(ctx context.Context, ref cni.PodRef) (string, error) {
+	if ref.Node != "" {
+		if _, err := i.nodes.Get(ref.Node); err == nil {
+			return ref.Node, nil
+		}
+	}
 	pod, err := i.getPod(ctx, ref)
 	if err != nil {
 		return "", err
@@ -289,10 +305,10 @@ func (i *IPAM) PodNode(ctx context.Context, ref cni.PodRef) (string, error) {
 // EndpointNode returns the node of the pod's WorkloadEndpoint, for routing a
 // release; ok=false when the pod has none (nothing to release anywhere).
 func (i *IPAM) EndpointNode(ctx context.Context, ref cni.PodRef) (string, bool, error) {
-	wep, err := i.weps.WorkloadEndpoints(ref.Namespace).Get(ref.Name)
-	if apierrors.IsNotFound(err) {
-		wep, err = i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if wep, ok := i.cachedWEP(ref.Node, ref.Namespace, ref.Name); ok {
+		return wep.Spec.Node, true, nil
 	}
+	wep, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return "", false, nil
 	}

@@ -316,7 +316,7 @@ func (e *env) allocate(p podRef) (*rpc.ENIMultiIPReply, error) {
 func (e *env) allocateTries(p podRef, tries int) (*rpc.ENIMultiIPReply, error) {
 	for attempt := 0; ; attempt++ {
 		reply, err := e.cni.AllocateIP(e.ctx, &rpc.AllocateIPRequest{
-			K8SPodName: p.name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: p.containerID,
+			K8SPodName: p.name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: p.containerID, K8SNodeName: p.node,
 		})
 		if err != nil {
 			return nil, err
@@ -333,7 +333,7 @@ func (e *env) allocateTries(p podRef, tries int) (*rpc.ENIMultiIPReply, error) {
 
 func (e *env) release(p podRef) (*rpc.ReleaseIPReply, error) {
 	return e.cni.ReleaseIP(e.ctx, &rpc.ReleaseIPRequest{
-		K8SPodName: p.name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: p.containerID,
+		K8SPodName: p.name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: p.containerID, K8SNodeName: p.node,
 	})
 }
 

@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/cce-ipam/sharded/cloud"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
@@ -33,43 +32,77 @@ func (i *IPAM) gcLoop(ctx context.Context) {
 
 // CollectGarbage runs one pass of every GC routine over the served nodes:
 // fixed IPs of deleted or scaled-down StatefulSets, weps of deleted pods, and
-// assigned IPs that no wep names (leaked, after LeakGrace).
+// assigned IPs that no wep names (leaked, after LeakGrace). A node whose
+// watches have not synced yet waits for the next pass. On the leader it also
+// sweeps what belongs to no shard: weps and IPPools of deleted nodes.
 func (i *IPAM) CollectGarbage(ctx context.Context) {
 	// One pass at a time: the leak suspects' first-seen times are shared.
 	i.gcMu.Lock()
 	defer i.gcMu.Unlock()
 	start := i.deps.Clock.Now()
-	weps, err := i.weps.List(labels.Everything())
-	if err != nil {
-		i.log.Warn("gc: list weps", "err", err)
-		return
-	}
 	named := map[netip.Addr]datastore.PodKey{} // IPs that some wep names
-	for _, w := range weps {
-		if addr, err := netip.ParseAddr(w.Spec.IP); err == nil {
-			named[addr] = datastore.PodKey{Namespace: w.Namespace, Name: w.Name}
-		}
-		if _, ok := i.node(w.Spec.Node); !ok {
-			i.collectOnDeletedNode(ctx, w)
+	var synced []string
+	for _, nodeName := range i.ServedNodes() {
+		n, ok := i.node(nodeName)
+		if !ok || !n.cache.synced() {
 			continue
 		}
-		if i.mayAct(w.Spec.Node) != nil {
-			continue
-		}
-		switch kind, ok := i.wepGarbage(ctx, w); {
-		case !ok:
-		case kind == gcDeletedStatefulSet, kind == gcScaledDown:
-			i.freeFixed(ctx, w, kind)
-		case kind == gcLeakedPod:
-			i.freeLeakedPod(ctx, w)
+		synced = append(synced, nodeName)
+		for _, w := range n.cache.listWeps() {
+			if addr, err := netip.ParseAddr(w.Spec.IP); err == nil {
+				named[addr] = datastore.PodKey{Namespace: w.Namespace, Name: w.Name}
+			}
+			if i.mayAct(w.Spec.Node) != nil {
+				continue
+			}
+			switch kind, ok := i.wepGarbage(ctx, w); {
+			case !ok:
+			case kind == gcDeletedStatefulSet, kind == gcScaledDown:
+				i.freeFixed(ctx, w, kind)
+			case kind == gcLeakedPod:
+				i.freeLeakedPod(ctx, w)
+			}
 		}
 	}
-	i.collectLeakedIPs(ctx, named)
-	// Pools of deleted nodes belong to no shard: one replica sweeps them.
+	i.collectLeakedIPs(ctx, named, synced)
+	// Weps and pools of deleted nodes belong to no shard: one replica
+	// sweeps them.
 	if i.deps.IsLeader == nil || i.deps.IsLeader() {
+		i.collectOnDeletedNodes(ctx)
 		i.collectLeakedIPPools(ctx)
 	}
 	i.metrics.gcDuration.Observe(i.deps.Clock.Since(start).Seconds())
+}
+
+// gcListPage bounds what the leader's sweep of all weps holds at a time.
+const gcListPage = 500
+
+// collectOnDeletedNodes pages through every wep (no replica caches them
+// all) for those on nodes that the node cache no longer has.
+func (i *IPAM) collectOnDeletedNodes(ctx context.Context) {
+	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll)
+	opts := metav1.ListOptions{Limit: gcListPage}
+	for {
+		page, err := client.List(ctx, opts)
+		if err != nil {
+			i.log.Warn("gc: list weps for the sweep of deleted nodes", "err", err)
+			return
+		}
+		for k := range page.Items {
+			w := &page.Items[k]
+			if _, err := i.nodes.Get(w.Spec.Node); !apierrors.IsNotFound(err) {
+				continue
+			}
+			if _, served := i.node(w.Spec.Node); served {
+				continue
+			}
+			i.collectOnDeletedNode(ctx, w)
+		}
+		if page.Continue == "" {
+			return
+		}
+		opts.Continue = page.Continue
+	}
 }
 
 const (
@@ -115,7 +148,7 @@ func (i *IPAM) wepGarbage(ctx context.Context, w *cce.WorkloadEndpoint) (string,
 		}
 		return "", false
 	}
-	if _, err := i.pods.Pods(w.Namespace).Get(w.Name); err == nil {
+	if _, ok := i.cachedPod(w.Spec.Node, w.Namespace, w.Name); ok {
 		return "", false
 	}
 	if i.podExists(ctx, w.Namespace, w.Name) {
@@ -124,15 +157,11 @@ func (i *IPAM) wepGarbage(ctx context.Context, w *cce.WorkloadEndpoint) (string,
 	return gcLeakedPod, true
 }
 
-// collectOnDeletedNode deletes, on the leader, the wep of a deleted pod on a
-// node that no longer exists: no shard serves that node, so its owner's GC
-// never sees it. Its IP went with the node's ENIs (the leaked-ENI sweep
+// collectOnDeletedNode deletes the wep of a deleted pod on a node that no
+// longer exists: no shard serves that node, so no owner's GC sees it. Its IP went with the node's ENIs (the leaked-ENI sweep
 // removes those). Fixed-IP weps stay: the pod's next incarnation takes the
 // address to its new node.
 func (i *IPAM) collectOnDeletedNode(ctx context.Context, w *cce.WorkloadEndpoint) {
-	if i.deps.IsLeader != nil && !i.deps.IsLeader() {
-		return
-	}
 	if w.IsFixedStatefulSet() || !i.nodeGone(ctx, w.Spec.Node) {
 		return
 	}
@@ -205,11 +234,11 @@ func (i *IPAM) freeFixed(ctx context.Context, w *cce.WorkloadEndpoint, kind stri
 // collectLeakedIPs frees assigned IPs of served nodes that no wep names, once
 // they have been seen so for LeakGrace (an ADD between the datastore and the
 // wep commit is not a leak). Suspects and their age are exported as gauges.
-func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datastore.PodKey) {
+func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datastore.PodKey, nodes []string) {
 	now := i.deps.Clock.Now()
 	seen := map[netip.Addr]bool{}
 	var oldest time.Duration
-	for _, nodeName := range i.ServedNodes() {
+	for _, nodeName := range nodes {
 		if i.mayAct(nodeName) != nil {
 			continue
 		}

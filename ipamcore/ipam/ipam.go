@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/cce-ipam/sharded/cloud"
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	cceinformers "github.com/cce-ipam/sharded/ipamcore/generated/informers/externalversions"
@@ -44,6 +45,12 @@ type Deps struct {
 	// IsLeader, when set, gates the cluster-wide GC duties (IPPools of
 	// deleted nodes) to one replica. Nil means always.
 	IsLeader func() bool
+	// WatchKube and WatchCCE, when set, carry the served nodes' pod and
+	// WorkloadEndpoint watches (two per node), so that starting them on a
+	// takeover does not spend the CNI path's client-side rate limit.
+	// Default: Kube and CCE.
+	WatchKube kubernetes.Interface
+	WatchCCE  cceclient.Interface
 }
 
 // Fence is the shard layer's answer to "may this replica still write for
@@ -75,10 +82,8 @@ type IPAM struct {
 
 	kubeInformers informers.SharedInformerFactory
 	cceInformers  cceinformers.SharedInformerFactory
-	pods          corelisters.PodLister
 	nodes         corelisters.NodeLister
 	statefulSets  appslisters.StatefulSetLister
-	weps          ccelisters.WorkloadEndpointLister
 	subnets       ccelisters.SubnetLister
 
 	gcMu         sync.Mutex
@@ -105,6 +110,12 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 	}
 	if deps.Clock == nil {
 		deps.Clock = clock.RealClock{}
+	}
+	if deps.WatchKube == nil {
+		deps.WatchKube = deps.Kube
+	}
+	if deps.WatchCCE == nil {
+		deps.WatchCCE = deps.CCE
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -133,13 +144,14 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 	i.broadcaster = record.NewBroadcaster(record.WithContext(context.Background()))
 	i.events = i.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "cce-ipam"})
 	// No periodic resync: every decision re-reads what it needs, and the
-	// pool workers have their own ticker.
-	i.kubeInformers = informers.NewSharedInformerFactory(deps.Kube, 0)
-	i.cceInformers = cceinformers.NewSharedInformerFactory(deps.CCE, 0)
-	i.pods = i.kubeInformers.Core().V1().Pods().Lister()
+	// pool workers have their own ticker. Cluster-wide informers only for
+	// what every replica needs whole (nodes for the ring, StatefulSets and
+	// Subnets, few and small); pods and WorkloadEndpoints are watched per
+	// served node (nodeCache), so memory follows the replica's share.
+	i.kubeInformers = informers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, informers.WithTransform(stripManagedFieldsTransform))
+	i.cceInformers = cceinformers.NewSharedInformerFactoryWithOptions(deps.CCE, 0, cceinformers.WithTransform(stripManagedFieldsTransform))
 	i.nodes = i.kubeInformers.Core().V1().Nodes().Lister()
 	i.statefulSets = i.kubeInformers.Apps().V1().StatefulSets().Lister()
-	i.weps = i.cceInformers.Cce().V1alpha1().WorkloadEndpoints().Lister()
 	i.subnets = i.cceInformers.Cce().V1alpha1().Subnets().Lister()
 	return i, nil
 }
@@ -180,12 +192,17 @@ func (i *IPAM) Run(ctx context.Context) error {
 	}()
 	<-ctx.Done()
 	i.mu.Lock()
+	stopped := make([]*node, 0, len(i.served))
 	for name, n := range i.served {
 		n.stop()
+		stopped = append(stopped, n)
 		delete(i.served, name)
 	}
 	i.mu.Unlock()
 	i.workers.Wait()
+	for _, n := range stopped {
+		n.cache.stop()
+	}
 	return nil
 }
 
@@ -291,6 +308,7 @@ func (i *IPAM) serveRebuilt(ctx, runCtx context.Context, name string, byInstance
 		_, _ = i.store.RemoveNode(name)
 		return nil
 	}
+	n.cache = startNodeCache(runCtx, name, i.deps.WatchKube, i.deps.WatchCCE)
 	i.served[name] = n
 	workerCtx, cancel := context.WithCancel(runCtx)
 	n.cancel = cancel
@@ -320,6 +338,7 @@ func (i *IPAM) StopServingNode(name string) {
 	n.stop()
 	n.inflight.Wait()
 	<-n.done
+	n.cache.stop()
 	_, _ = i.store.RemoveNode(name)
 	i.log.Info("stopped serving node", "node", name)
 }
@@ -380,10 +399,35 @@ func (i *IPAM) node(name string) (*node, bool) {
 	return n, ok
 }
 
-// PodFromCache returns the pod as the IPAM's informer cache has it (for
-// diagnostics and tests of cache lag).
-func (i *IPAM) PodFromCache(namespace, name string) (*corev1.Pod, error) {
-	return i.pods.Pods(namespace).Get(name)
+// PodFromCache returns the pod as the served node's watch has it (for
+// diagnostics and tests of cache lag); ok=false when the node is not served
+// or its watch has not seen the pod.
+func (i *IPAM) PodFromCache(node, namespace, name string) (*corev1.Pod, bool) {
+	n, ok := i.node(node)
+	if !ok {
+		return nil, false
+	}
+	return n.cache.pod(namespace, name)
+}
+
+// cachedPod looks a pod up in the watch of the node it is said to be on.
+func (i *IPAM) cachedPod(node, namespace, name string) (*corev1.Pod, bool) {
+	if node == "" {
+		return nil, false
+	}
+	return i.PodFromCache(node, namespace, name)
+}
+
+// cachedWEP looks a wep up in the watch of the node it is said to be on.
+func (i *IPAM) cachedWEP(node, namespace, name string) (*cce.WorkloadEndpoint, bool) {
+	if node == "" {
+		return nil, false
+	}
+	n, ok := i.node(node)
+	if !ok {
+		return nil, false
+	}
+	return n.cache.wep(namespace, name)
 }
 
 // NodeInformer is the IPAM's shared Node informer, for the shard layer to

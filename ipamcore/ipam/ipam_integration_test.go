@@ -4,6 +4,7 @@ package ipam_test
 
 import (
 	"net/netip"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -211,8 +212,9 @@ func TestIPAM_DelRacingAdd(t *testing.T) {
 	e.checkNoLeak()
 }
 
-// A pod bound a moment ago may still be unbound in the IPAM's cache: the ADD
-// must read the binding from the API server instead of failing.
+// A pod bound a moment ago is not yet in its node's watch (which sees only
+// bound pods): the ADD must read the binding from the API server instead of
+// failing. Half the calls name the node, as the plugin does, half do not.
 func TestIPAM_AllocateRightAfterBinding(t *testing.T) {
 	e := newEnv(t, "bind", 1, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond})
 	for k := range 20 {
@@ -223,19 +225,77 @@ func TestIPAM_AllocateRightAfterBinding(t *testing.T) {
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		// Wait until the cache has the unbound pod, then bind and ADD at once.
-		eventually(t, 10*time.Second, "unbound pod in the cache", func() bool {
-			_, err := e.ipam.PodFromCache(e.ns, name)
-			return err == nil
-		})
 		if err := e.kube.CoreV1().Pods(e.ns).Bind(e.ctx, &corev1.Binding{
 			ObjectMeta: metav1.ObjectMeta{Name: name}, Target: corev1.ObjectReference{Kind: "Node", Name: e.nodes[0]},
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		reply, err := e.cni.AllocateIP(e.ctx, &rpc.AllocateIPRequest{K8SPodName: name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: "c" + strconv.Itoa(k)})
+		req := &rpc.AllocateIPRequest{K8SPodName: name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: "c" + strconv.Itoa(k)}
+		if k%2 == 0 {
+			req.K8SNodeName = e.nodes[0]
+		}
+		reply, err := e.cni.AllocateIP(e.ctx, req)
 		if err != nil || !reply.IsSuccess {
 			t.Fatalf("ADD right after binding: %v %v", reply, err)
 		}
 	}
+}
+
+// An ADD whose caller names another node than the pod's gets a clear error
+// and takes nothing: an IP of the other node's ENI would be useless to it.
+func TestIPAM_WrongNodeRefused(t *testing.T) {
+	e := newEnv(t, "wrongnode", 2, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond})
+	p := e.createPods("w", 1)[0] // on nodes[0]
+	before := e.stats(p.node)
+	reply, err := e.cni.AllocateIP(e.ctx, &rpc.AllocateIPRequest{
+		K8SPodName: p.name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: p.containerID, K8SNodeName: e.nodes[1],
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reply.IsSuccess || !strings.Contains(reply.ErrMsg, "bound to node "+p.node) {
+		t.Fatalf("ADD naming the wrong node: success=%v %q, want a refusal naming %s", reply.IsSuccess, reply.ErrMsg, p.node)
+	}
+	if _, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, p.name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("refused ADD left a WorkloadEndpoint (err %v)", err)
+	}
+	for _, n := range e.nodes {
+		if st := e.stats(n); st.Assigned != 0 {
+			t.Fatalf("refused ADD assigned an IP on %s: %+v (before %+v)", n, st, before)
+		}
+	}
+	if _, err := e.allocate(p); err != nil {
+		t.Fatalf("ADD naming the right node: %v", err)
+	}
+}
+
+// Serving a node starts its two watches; stopping it must end them, or a
+// replica whose nodes come and go would leak goroutines and connections.
+func TestIPAM_StopServingEndsWatches(t *testing.T) {
+	e := newEnv(t, "watchstop", 1, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond})
+	p := e.createPods("ws", 1)[0]
+	eventually(t, 10*time.Second, "pod in its node's watch", func() bool {
+		_, ok := e.ipam.PodFromCache(p.node, e.ns, p.name)
+		return ok
+	})
+	base := runtime.NumGoroutine()
+	const cycles = 5
+	for range cycles {
+		e.ipam.StopServingNode(p.node)
+		if _, ok := e.ipam.PodFromCache(p.node, e.ns, p.name); ok {
+			t.Fatal("an unserved node still answers from its watch")
+		}
+		if err := e.ipam.ServeNode(e.ctx, p.node); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "pod in the new watch", func() bool {
+			_, ok := e.ipam.PodFromCache(p.node, e.ns, p.name)
+			return ok
+		})
+	}
+	// Each node's watches take at least four goroutines (two reflectors,
+	// two stream decoders): a leak of five cycles' worth is well above this.
+	eventually(t, 10*time.Second, "goroutines back to the level of one served node", func() bool {
+		return runtime.NumGoroutine() <= base+8
+	})
 }

@@ -25,6 +25,7 @@ type node struct {
 	name       string
 	instanceID string
 	capacity   pool.Capacity // from the node's annotations
+	cache      *nodeCache    // the node's pods and weps; set before the node is published
 
 	wake     chan struct{} // capacity 1: a pending wake-up is never lost, never queued twice
 	cancel   context.CancelFunc

@@ -1,0 +1,144 @@
+package ipam
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
+)
+
+// nodeCache is the watch-fed view of one served node: its pods (field
+// selector spec.nodeName, the watch every kubelet keeps) and its
+// WorkloadEndpoints (the CRD's selectable field spec.node). A replica watches
+// only the nodes it serves, so its memory follows its share of the cluster
+// rather than the cluster's size.
+//
+// The view is a hint, as any informer cache is: a miss or a stale object is
+// answered by a live read where it matters (getPod, the GC's confirmations),
+// so a cache that has not synced yet only costs reads, never correctness.
+type nodeCache struct {
+	pods, weps *nodeStore
+	cancel     context.CancelFunc
+	done       sync.WaitGroup
+}
+
+// startNodeCache starts the two watches of a node; stop ends them.
+func startNodeCache(ctx context.Context, name string, kube kubernetes.Interface, cceClient cceclient.Interface) *nodeCache {
+	ctx, cancel := context.WithCancel(ctx)
+	c := &nodeCache{pods: newNodeStore(), weps: newNodeStore(), cancel: cancel}
+	podSel := fields.OneTermEqualSelector("spec.nodeName", name).String()
+	wepSel := fields.OneTermEqualSelector("spec.node", name).String()
+	pods := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = podSel
+			return kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = podSel
+			return kube.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, o)
+		},
+	}
+	weps := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = wepSel
+			return cceClient.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = wepSel
+			return cceClient.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll).Watch(ctx, o)
+		},
+	}
+	for _, r := range []*cache.Reflector{
+		cache.NewReflectorWithOptions(pods, &corev1.Pod{}, c.pods, cache.ReflectorOptions{Name: "pods of node " + name}),
+		cache.NewReflectorWithOptions(weps, &cce.WorkloadEndpoint{}, c.weps, cache.ReflectorOptions{Name: "weps of node " + name}),
+	} {
+		c.done.Go(func() { r.RunWithContext(ctx) })
+	}
+	return c
+}
+
+// stop ends the watches and waits for them.
+func (c *nodeCache) stop() {
+	c.cancel()
+	c.done.Wait()
+}
+
+// synced reports whether both watches have delivered their first list.
+func (c *nodeCache) synced() bool { return c.pods.synced.Load() && c.weps.synced.Load() }
+
+func (c *nodeCache) pod(namespace, name string) (*corev1.Pod, bool) {
+	obj, ok, _ := c.pods.GetByKey(namespace + "/" + name)
+	if !ok {
+		return nil, false
+	}
+	p, ok := obj.(*corev1.Pod)
+	return p, ok
+}
+
+func (c *nodeCache) wep(namespace, name string) (*cce.WorkloadEndpoint, bool) {
+	obj, ok, _ := c.weps.GetByKey(namespace + "/" + name)
+	if !ok {
+		return nil, false
+	}
+	w, ok := obj.(*cce.WorkloadEndpoint)
+	return w, ok
+}
+
+func (c *nodeCache) listWeps() []*cce.WorkloadEndpoint {
+	objs := c.weps.List()
+	out := make([]*cce.WorkloadEndpoint, 0, len(objs))
+	for _, o := range objs {
+		if w, ok := o.(*cce.WorkloadEndpoint); ok {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// nodeStore is a thread-safe store that a reflector fills. It drops
+// managedFields (the largest part of a small object, read by nothing here)
+// and remembers whether the first list has arrived.
+type nodeStore struct {
+	cache.Store
+	synced atomic.Bool
+}
+
+func newNodeStore() *nodeStore {
+	return &nodeStore{Store: cache.NewStore(cache.MetaNamespaceKeyFunc)}
+}
+
+func (s *nodeStore) Add(obj any) error    { return s.Store.Add(stripManagedFields(obj)) }
+func (s *nodeStore) Update(obj any) error { return s.Store.Update(stripManagedFields(obj)) }
+
+func (s *nodeStore) Replace(list []any, rv string) error {
+	for k := range list {
+		list[k] = stripManagedFields(list[k])
+	}
+	err := s.Store.Replace(list, rv)
+	if err == nil {
+		s.synced.Store(true)
+	}
+	return err
+}
+
+// stripManagedFields is also the informers' transform: server-side apply
+// bookkeeping is often half an object's size and the IPAM never reads it.
+func stripManagedFields(obj any) any {
+	if a, err := meta.Accessor(obj); err == nil && a.GetManagedFields() != nil {
+		a.SetManagedFields(nil)
+	}
+	return obj
+}
+
+func stripManagedFieldsTransform(obj any) (any, error) { return stripManagedFields(obj), nil }

@@ -171,11 +171,16 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 	leaseKube := kubernetes.NewForConfigOrDie(leaseCfg)
 	watchCfg := rest.CopyConfig(restCfg)
 	watchCfg.QPS, watchCfg.Burst = o.watchQPS, o.watchBurst
+	// Pods travel as protobuf (smaller and cheaper to decode); CRDs only
+	// speak JSON, so the WorkloadEndpoint watches keep it.
+	podWatchCfg := rest.CopyConfig(watchCfg)
+	podWatchCfg.ContentType = "application/vnd.kubernetes.protobuf"
+	podWatchCfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 
 	var elector *membership.Elector
 	leader := func() bool { return elector != nil && elector.IsLeader() }
 	core, err := ipam.New(o.ipam, ipam.Deps{Kube: kube, CCE: cceClient, Cloud: provider, IsLeader: leader,
-		WatchKube: kubernetes.NewForConfigOrDie(watchCfg), WatchCCE: cceclient.NewForConfigOrDie(watchCfg)},
+		WatchKube: kubernetes.NewForConfigOrDie(podWatchCfg), WatchCCE: cceclient.NewForConfigOrDie(watchCfg)},
 		log.With("component", "ipam"), reg)
 	if err != nil {
 		return err

@@ -5,10 +5,13 @@
 //
 // The pieces:
 //   - datastore.Store (pure) holds node → ENI → IPs;
-//   - this package does the I/O around it: informers for pods, nodes and
-//     WorkloadEndpoints, the cloud.Provider, and one pool worker per served
-//     node that grows the pool when an allocation finds it empty (passive)
-//     or idle falls below the minimum (active), and trims it above the max.
+//   - this package does the I/O around it: cluster-wide informers only for
+//     nodes, StatefulSets and Subnets; pods and WorkloadEndpoints are watched
+//     per served node (field selectors spec.nodeName and spec.node, as a
+//     kubelet watches its pods), so a replica's memory follows its share of
+//     the cluster; the cloud.Provider; and one pool worker per served node
+//     that grows the pool when an allocation finds it empty (passive) or
+//     idle falls below the minimum (active), and trims it above the max.
 //
 // Who serves which node is decided outside (one replica serving everything,
 // or the shard layer): ServeNode builds one node's state from the cloud's

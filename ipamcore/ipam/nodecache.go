@@ -36,7 +36,7 @@ type nodeCache struct {
 // startNodeCache starts the two watches of a node; stop ends them.
 func startNodeCache(ctx context.Context, name string, kube kubernetes.Interface, cceClient cceclient.Interface) *nodeCache {
 	ctx, cancel := context.WithCancel(ctx)
-	c := &nodeCache{pods: newNodeStore(), weps: newNodeStore(), cancel: cancel}
+	c := &nodeCache{pods: newNodeStore(slimPod), weps: newNodeStore(stripManagedFields), cancel: cancel}
 	podSel := fields.OneTermEqualSelector("spec.nodeName", name).String()
 	wepSel := fields.OneTermEqualSelector("spec.node", name).String()
 	pods := &cache.ListWatch{
@@ -106,30 +106,58 @@ func (c *nodeCache) listWeps() []*cce.WorkloadEndpoint {
 	return out
 }
 
-// nodeStore is a thread-safe store that a reflector fills. It drops
-// managedFields (the largest part of a small object, read by nothing here)
-// and remembers whether the first list has arrived.
+// nodeStore is a thread-safe store that a reflector fills. It keeps each
+// object as slim() leaves it and remembers whether the first list arrived.
 type nodeStore struct {
 	cache.Store
+	slim   func(any) any
 	synced atomic.Bool
 }
 
-func newNodeStore() *nodeStore {
-	return &nodeStore{Store: cache.NewStore(cache.MetaNamespaceKeyFunc)}
+func newNodeStore(slim func(any) any) *nodeStore {
+	return &nodeStore{Store: cache.NewStore(cache.MetaNamespaceKeyFunc), slim: slim}
 }
 
-func (s *nodeStore) Add(obj any) error    { return s.Store.Add(stripManagedFields(obj)) }
-func (s *nodeStore) Update(obj any) error { return s.Store.Update(stripManagedFields(obj)) }
+func (s *nodeStore) Add(obj any) error    { return s.Store.Add(s.slim(obj)) }
+func (s *nodeStore) Update(obj any) error { return s.Store.Update(s.slim(obj)) }
 
 func (s *nodeStore) Replace(list []any, rv string) error {
 	for k := range list {
-		list[k] = stripManagedFields(list[k])
+		list[k] = s.slim(list[k])
 	}
 	err := s.Store.Replace(list, rv)
 	if err == nil {
 		s.synced.Store(true)
 	}
 	return err
+}
+
+// slimPod keeps what the IPAM reads of a pod (its node, deletion, the
+// fixed-IP annotations and controller, and what an Event needs to name it)
+// and drops the rest (containers, status, managedFields, other annotations
+// such as last-applied-configuration), which is most of a pod's size.
+func slimPod(obj any) any {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj
+	}
+	out := &corev1.Pod{
+		TypeMeta: p.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
+			DeletionTimestamp: p.DeletionTimestamp, OwnerReferences: p.OwnerReferences,
+		},
+		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName},
+	}
+	for _, k := range []string{cce.AnnotationStsEnableFixIP, cce.AnnotationStsPodFixIPDeletePolicy} {
+		if v, ok := p.Annotations[k]; ok {
+			if out.Annotations == nil {
+				out.Annotations = map[string]string{}
+			}
+			out.Annotations[k] = v
+		}
+	}
+	return out
 }
 
 // stripManagedFields is also the informers' transform: server-side apply

@@ -19,8 +19,8 @@ func TestSlimPodKeepsWhatTheIPAMReads(t *testing.T) {
 			Name: "web-0", Namespace: "ns", UID: "u-1", ResourceVersion: "42", DeletionTimestamp: &now,
 			OwnerReferences: []metav1.OwnerReference{{Kind: "StatefulSet", Name: "web", Controller: &yes}},
 			Annotations: map[string]string{
-				cce.AnnotationStsEnableFixIP:          cce.EnableFixIPTrue,
-				cce.AnnotationStsPodFixIPDeletePolicy: cce.FixIPDeletePolicyNever,
+				cce.AnnotationStsEnableFixIP:                       cce.EnableFixIPTrue,
+				cce.AnnotationStsPodFixIPDeletePolicy:              cce.FixIPDeletePolicyNever,
 				"kubectl.kubernetes.io/last-applied-configuration": "{...}",
 			},
 			Labels:        map[string]string{"app": "web"},

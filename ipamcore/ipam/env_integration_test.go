@@ -214,11 +214,11 @@ func (e *env) start() {
 	ctx, cancel := context.WithCancel(e.ctx)
 	runErr := make(chan error, 1)
 	go func() { runErr <- ip.Run(ctx) }()
-	for _, n := range e.nodes {
-		if err := ip.ServeNode(ctx, n); err != nil {
-			cancel()
-			t.Fatal(err)
-		}
+	// All at once, as a takeover does (from bulkRebuildNodes nodes on, the
+	// weps are read in one bulk read).
+	for n, err := range ip.ServeNodes(ctx, e.nodes) {
+		cancel()
+		t.Fatalf("serve %s: %v", n, err)
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -266,6 +266,19 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 			byInstance[e.InstanceID] = append(byInstance[e.InstanceID], e)
 		}
 	}
+	// The weps likewise: for many nodes one read of them all (also taken
+	// after the nodes were won), rather than a server-side scan per node.
+	var claims map[string][]datastore.Claim
+	if len(todo) >= bulkRebuildNodes {
+		set := make(map[string]bool, len(todo))
+		for _, name := range todo {
+			set[name] = true
+		}
+		if claims, err = i.bulkClaims(ctx, set); err != nil {
+			i.log.Warn("bulk read of WorkloadEndpoints failed; reading them node by node", "nodes", len(todo), "err", err)
+			claims = nil
+		}
+	}
 
 	var (
 		mu  sync.Mutex
@@ -278,7 +291,7 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			err := i.serveRebuilt(ctx, runCtx, name, byInstance, start)
+			err := i.serveRebuilt(ctx, runCtx, name, byInstance, claims[name], start)
 			if err != nil {
 				mu.Lock()
 				errs[name] = err
@@ -293,8 +306,14 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 // rebuildConcurrency bounds the quorum reads of a takeover.
 const rebuildConcurrency = 8
 
-func (i *IPAM) serveRebuilt(ctx, runCtx context.Context, name string, byInstance map[string][]cloud.ENI, start time.Time) error {
-	n, err := i.rebuild(ctx, name, byInstance)
+// bulkRebuildNodes is the takeover size from which the weps are read in one
+// bulk read rather than per node. A per-node read makes the server scan
+// every wep but sends only the node's; the bulk read sends them all once.
+// Roughly where the two cost the same with ~30 pods per node.
+const bulkRebuildNodes = 32
+
+func (i *IPAM) serveRebuilt(ctx, runCtx context.Context, name string, byInstance map[string][]cloud.ENI, claims []datastore.Claim, start time.Time) error {
+	n, err := i.rebuild(ctx, name, byInstance, claims)
 	if err != nil {
 		i.metrics.rebuilds.WithLabelValues("error").Inc()
 		return fmt.Errorf("serve node %s: %w", name, err)

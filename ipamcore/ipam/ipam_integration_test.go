@@ -170,9 +170,12 @@ func TestIPAM_UnservedNodeRefused(t *testing.T) {
 	if _, err := e.ipam.Stats(e.nodes[1]); err == nil {
 		t.Fatal("stopped node still has datastore state")
 	}
-	if st := e.stats(e.nodes[0]); st.Total == 0 {
-		t.Fatal("stopping one node dropped another's state")
+	if _, err := e.ipam.Stats(e.nodes[0]); err != nil {
+		t.Fatalf("stopping one node dropped another's state: %v", err)
 	}
+	eventually(t, 30*time.Second, "the other node's pool keeps working", func() bool {
+		return e.stats(e.nodes[0]).Total > 0
+	})
 	pods := e.createPods("x", 1)
 	reply, err := e.cni.AllocateIP(e.ctx, &rpc.AllocateIPRequest{
 		K8SPodName: pods[1].name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: pods[1].containerID,
@@ -298,4 +301,30 @@ func TestIPAM_StopServingEndsWatches(t *testing.T) {
 	eventually(t, 10*time.Second, "goroutines back to the level of one served node", func() bool {
 		return runtime.NumGoroutine() <= base+8
 	})
+}
+
+// A takeover of many nodes reads the weps in one bulk read instead of one
+// per node: every node must get back exactly its own pods' claims, so that
+// nothing they hold is handed out again.
+func TestIPAM_BulkRebuildRestoresEveryNode(t *testing.T) {
+	const nodes = 40 // above the bulk threshold
+	e := newEnv(t, "bulk", nodes, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond})
+	pods := e.createPods("b", 2)
+	held := e.allocateAll(pods, 8)
+	e.restart() // a fresh IPAM serving all 40 nodes in one ServeNodes
+	for _, n := range e.nodes {
+		if st := e.stats(n); st.Assigned != 2 {
+			t.Fatalf("node %s restored with %d assigned IPs, want its 2 pods'", n, st.Assigned)
+		}
+	}
+	// New pods get addresses no old pod holds.
+	taken := map[string]string{}
+	for name, r := range held {
+		taken[r.IP] = name
+	}
+	for name, r := range e.allocateAll(e.createPods("c", 1), 8) {
+		if old, dup := taken[r.IP]; dup {
+			t.Fatalf("%s got %s, still held by %s", name, r.IP, old)
+		}
+	}
 }

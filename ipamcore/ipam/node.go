@@ -116,7 +116,10 @@ func instanceIDFromProviderID(providerID string) (string, error) {
 // instance (byInstance: a VPC-wide list taken after the node was won) and a
 // quorum read of the WorkloadEndpoints on it (not the informer cache, which
 // may lag behind a previous owner's last commits).
-func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][]cloud.ENI) (*node, error) {
+//
+// claims, when not nil, are the node's wep claims from a bulk read that was
+// also taken after the node was won (see ServeNodes); nil means read them.
+func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][]cloud.ENI, claims []datastore.Claim) (*node, error) {
 	// The node object only gives the instance and capacity, which do not
 	// change: the cache will do, the API server when the cache lacks it.
 	k8sNode, err := i.nodes.Get(name)
@@ -148,27 +151,13 @@ func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][
 		in.ENIs = append(in.ENIs, datastore.RestoreENI{ENI: de, IPs: ips})
 	}
 
-	// A quorum read (no resourceVersion) filtered by the server on the
-	// CRD's selectable field spec.node: only this node's weps travel.
-	weps, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.node", name).String(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list WorkloadEndpoints of the node: %w", err)
-	}
-	for _, w := range weps.Items {
-		if w.Spec.Node != name {
-			continue // defensive: a server without the selectable field
+	if claims == nil {
+		var err error
+		if claims, err = i.nodeClaims(ctx, name); err != nil {
+			return nil, err
 		}
-		addr, err := netip.ParseAddr(w.Spec.IP)
-		if err != nil {
-			i.log.Warn("WorkloadEndpoint with an unparsable IP ignored", "wep", w.Namespace+"/"+w.Name, "ip", w.Spec.IP)
-			continue
-		}
-		in.Claims = append(in.Claims, datastore.Claim{Addr: addr, Owner: datastore.Owner{
-			Namespace: w.Namespace, Name: w.Name, ContainerID: w.Spec.ContainerID,
-		}})
 	}
+	in.Claims = claims
 
 	if i.store.HasNode(name) {
 		_, _ = i.store.RemoveNode(name)
@@ -181,6 +170,68 @@ func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][
 		i.log.Warn("conflict while rebuilding node; address held out of the pool", "node", name, "conflict", c.String())
 	}
 	return newNode(name, instanceID, capacity), nil
+}
+
+// nodeClaims is a quorum read (no resourceVersion) of one node's weps,
+// filtered by the server on the CRD's selectable field spec.node: only this
+// node's weps travel.
+func (i *IPAM) nodeClaims(ctx context.Context, name string) ([]datastore.Claim, error) {
+	weps, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.node", name).String(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list WorkloadEndpoints of the node: %w", err)
+	}
+	claims := []datastore.Claim{}
+	for k := range weps.Items {
+		if w := &weps.Items[k]; w.Spec.Node == name { // defensive: a server without the selectable field
+			claims = i.appendClaim(claims, w)
+		}
+	}
+	return claims, nil
+}
+
+// bulkClaims reads every wep once, in pages of one quorum snapshot, and
+// keeps the claims on the given nodes. A takeover of many nodes uses it:
+// the server scans all weps once instead of once per node.
+func (i *IPAM) bulkClaims(ctx context.Context, nodes map[string]bool) (map[string][]datastore.Claim, error) {
+	out := make(map[string][]datastore.Claim, len(nodes))
+	for name := range nodes {
+		out[name] = []datastore.Claim{}
+	}
+	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll)
+	opts := metav1.ListOptions{Limit: bulkClaimsPage}
+	for {
+		page, err := client.List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list WorkloadEndpoints: %w", err)
+		}
+		for k := range page.Items {
+			if w := &page.Items[k]; nodes[w.Spec.Node] {
+				out[w.Spec.Node] = i.appendClaim(out[w.Spec.Node], w)
+			}
+		}
+		if page.Continue == "" {
+			return out, nil
+		}
+		opts.Continue = page.Continue
+	}
+}
+
+// bulkClaimsPage is the page size of bulkClaims' read.
+const bulkClaimsPage = 1000
+
+// appendClaim adds a wep's claim on its IP; a wep with an unparsable IP
+// claims nothing (and is reported).
+func (i *IPAM) appendClaim(claims []datastore.Claim, w *cce.WorkloadEndpoint) []datastore.Claim {
+	addr, err := netip.ParseAddr(w.Spec.IP)
+	if err != nil {
+		i.log.Warn("WorkloadEndpoint with an unparsable IP ignored", "wep", w.Namespace+"/"+w.Name, "ip", w.Spec.IP)
+		return claims
+	}
+	return append(claims, datastore.Claim{Addr: addr, Owner: datastore.Owner{
+		Namespace: w.Namespace, Name: w.Name, ContainerID: w.Spec.ContainerID,
+	}})
 }
 
 // toDatastoreENI converts a cloud ENI, looking up its subnet's CIDR so that

@@ -178,7 +178,7 @@ func buildDoc(cfg Config, res *results, path func(string) string) report.Doc {
 			report.Num(c3, 0), report.Num(calls1, 0), fmt.Sprint(sc.nodes)})
 		summary.Rows = append(summary.Rows, []string{"6. cold start of 3 replicas, " + label, "(reported)",
 			report.Num(t3, 1) + " s, " + report.Num(c3, 0) + " BCE calls", "—"})
-		cold.Notes = append(cold.Notes, fmt.Sprintf("%s: filling it through the IPAM took %s (%d pods without an IP). "+
+		cold.Notes = append(cold.Notes, fmt.Sprintf("%s: filling it through the IPAM (budget 400/s and per-operation limits lifted, ListENIs kept at 1/s) took %s (%d pods without an IP). "+
 			"BCE calls by operation, first 3-replica start: %s; first 1-replica start: %s.",
 			label, sc.fillTook.Round(time.Second), sc.fillLost, opsLine(three), opsLine(one)))
 	}

@@ -44,6 +44,10 @@ func (s *scaleResult) of(replicas int) []coldStart {
 	return out
 }
 
+// fillOpLimits are the per-operation limits while the bench fills a cluster.
+const fillOpLimits = "BatchAddPrivateIP=100:100,BatchDeletePrivateIP=100:100,CreateENI=50:50,AttachENI=50:50," +
+	"DescribeSubnet=20:20,GetInstance=20:20,ListENIs=1:1,ListSubnets=1:1,DeleteENI=5:5"
+
 // steadyArgs are the product's default periods for the background loops,
 // so that a cold start's BCE calls are the start's and not the fleet's
 // test-speed ENI syncs.
@@ -61,7 +65,10 @@ func (e *env) runScale(ctx context.Context, s Scale, filled map[string]bool) (*s
 		}
 	}
 	// Fill: a generous budget and no bce-sim limits, so it goes fast.
-	e.setPhaseArgs("--bce-rate", "400", "--bce-burst", "200")
+	// The per-operation limits too (the upstream table allows 5
+	// BatchAddPrivateIP/s, which alone would make the fill take minutes per
+	// thousand nodes); ListENIs keeps its 1/s.
+	e.setPhaseArgs("--bce-rate", "400", "--bce-burst", "200", "--bce-op-limits", fillOpLimits)
 	if err := e.restartAll(ctx, 3); err != nil {
 		return nil, err
 	}

@@ -74,7 +74,7 @@ func main() {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.Float32Var(&o.kubeQPS, "kube-api-qps", 50, "queries per second to the API server (client-side limit; lease renewals have their own)")
 	fs.IntVar(&o.kubeBurst, "kube-api-burst", 100, "burst of queries to the API server")
-	fs.Float32Var(&o.watchQPS, "kube-watch-qps", 100, "queries per second for the served nodes' pod and WorkloadEndpoint watches (two per node, started on a takeover; a client of their own so that they do not delay CNI calls)")
+	fs.Float32Var(&o.watchQPS, "kube-watch-qps", 100, "queries per second for the served nodes' pod watches (one per node, started on a takeover; a client of their own so that they do not delay CNI calls)")
 	fs.IntVar(&o.watchBurst, "kube-watch-burst", 200, "burst of the served nodes' watch requests")
 	o.cloud.RegisterFlags(fs)
 	o.ipam.RegisterFlags(fs)
@@ -171,16 +171,14 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 	leaseKube := kubernetes.NewForConfigOrDie(leaseCfg)
 	watchCfg := rest.CopyConfig(restCfg)
 	watchCfg.QPS, watchCfg.Burst = o.watchQPS, o.watchBurst
-	// Pods travel as protobuf (smaller and cheaper to decode); CRDs only
-	// speak JSON, so the WorkloadEndpoint watches keep it.
-	podWatchCfg := rest.CopyConfig(watchCfg)
-	podWatchCfg.ContentType = "application/vnd.kubernetes.protobuf"
-	podWatchCfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	// Pods travel as protobuf (smaller and cheaper to decode).
+	watchCfg.ContentType = "application/vnd.kubernetes.protobuf"
+	watchCfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 
 	var elector *membership.Elector
 	leader := func() bool { return elector != nil && elector.IsLeader() }
 	core, err := ipam.New(o.ipam, ipam.Deps{Kube: kube, CCE: cceClient, Cloud: provider, IsLeader: leader,
-		WatchKube: kubernetes.NewForConfigOrDie(podWatchCfg), WatchCCE: cceclient.NewForConfigOrDie(watchCfg)},
+		WatchKube: kubernetes.NewForConfigOrDie(watchCfg)},
 		log.With("component", "ipam"), reg)
 	if err != nil {
 		return err

@@ -47,9 +47,11 @@ func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, erro
 		return cni.Endpoint{}, fmt.Errorf("%w: %s", ErrNodeNotServed, pod.Spec.NodeName)
 	}
 	defer done()
-	// A repeated ADD of the same sandbox gets the same answer.
-	if wep, ok := i.cachedWEP(n.name, ref.Namespace, ref.Name); ok &&
-		wep.Spec.ContainerID == ref.ContainerID && wep.Spec.Node == n.name {
+	// A repeated ADD of the same sandbox gets the same answer. Only when
+	// the datastore says this sandbox already holds an IP here is the wep
+	// read, to see whether that was committed (else the ADD goes on and
+	// commits it); a first ADD costs no read.
+	if wep, ok := i.repeatedADD(ctx, n, ref); ok {
 		i.metrics.allocations.WithLabelValues("ok", pathRepeat).Inc()
 		return endpointOf(wep), nil
 	}
@@ -68,6 +70,20 @@ func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, erro
 		n.poke()
 	}
 	return endpointOf(wep), nil
+}
+
+// repeatedADD returns the committed wep of a sandbox that already holds an
+// IP on the node.
+func (i *IPAM) repeatedADD(ctx context.Context, n *node, ref cni.PodRef) (*cce.WorkloadEndpoint, bool) {
+	held, err := i.store.LookupPod(n.name, datastore.PodKey{Namespace: ref.Namespace, Name: ref.Name})
+	if err != nil || held.State != datastore.StateAssigned || held.Owner.ContainerID != ref.ContainerID {
+		return nil, false
+	}
+	wep, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil || wep.Spec.ContainerID != ref.ContainerID || wep.Spec.Node != n.name || wep.Spec.IP != held.Addr.String() {
+		return nil, false
+	}
+	return wep, true
 }
 
 // allocate takes an IP in the datastore and commits it with the wep; on a
@@ -305,9 +321,6 @@ func (i *IPAM) PodNode(ctx context.Context, ref cni.PodRef) (string, error) {
 // EndpointNode returns the node of the pod's WorkloadEndpoint, for routing a
 // release; ok=false when the pod has none (nothing to release anywhere).
 func (i *IPAM) EndpointNode(ctx context.Context, ref cni.PodRef) (string, bool, error) {
-	if wep, ok := i.cachedWEP(ref.Node, ref.Namespace, ref.Name); ok {
-		return wep.Spec.Node, true, nil
-	}
 	wep, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return "", false, nil

@@ -6,10 +6,10 @@
 // The pieces:
 //   - datastore.Store (pure) holds node → ENI → IPs;
 //   - this package does the I/O around it: cluster-wide informers only for
-//     nodes, StatefulSets and Subnets; pods and WorkloadEndpoints are watched
-//     per served node (field selectors spec.nodeName and spec.node, as a
-//     kubelet watches its pods), so a replica's memory follows its share of
-//     the cluster; the cloud.Provider; and one pool worker per served node
+//     nodes, StatefulSets and Subnets; pods are watched per served node
+//     (field selector spec.nodeName, as a kubelet watches its pods) and
+//     WorkloadEndpoints read live or in pages, so a replica's memory follows
+//     its share of the cluster; the cloud.Provider; and one pool worker per served node
 //     that grows the pool when an allocation finds it empty (passive) or
 //     idle falls below the minimum (active), and trims it above the max.
 //

@@ -32,76 +32,77 @@ func (i *IPAM) gcLoop(ctx context.Context) {
 
 // CollectGarbage runs one pass of every GC routine over the served nodes:
 // fixed IPs of deleted or scaled-down StatefulSets, weps of deleted pods, and
-// assigned IPs that no wep names (leaked, after LeakGrace). A node whose
-// watches have not synced yet waits for the next pass. On the leader it also
+// assigned IPs that no wep names (leaked, after LeakGrace). A node whose pod
+// watch has not synced yet waits for the next pass. On the leader it also
 // sweeps what belongs to no shard: weps and IPPools of deleted nodes.
+//
+// No replica caches the weps: one pass reads them all, in pages, and keeps
+// only those of served nodes (and, on the leader, of deleted ones).
 func (i *IPAM) CollectGarbage(ctx context.Context) {
 	// One pass at a time: the leak suspects' first-seen times are shared.
 	i.gcMu.Lock()
 	defer i.gcMu.Unlock()
 	start := i.deps.Clock.Now()
-	named := map[netip.Addr]datastore.PodKey{} // IPs that some wep names
-	var synced []string
-	for _, nodeName := range i.ServedNodes() {
-		n, ok := i.node(nodeName)
-		if !ok || !n.cache.synced() {
-			continue
-		}
-		synced = append(synced, nodeName)
-		for _, w := range n.cache.listWeps() {
-			if addr, err := netip.ParseAddr(w.Spec.IP); err == nil {
-				named[addr] = datastore.PodKey{Namespace: w.Namespace, Name: w.Name}
-			}
-			if i.mayAct(w.Spec.Node) != nil {
-				continue
-			}
-			switch kind, ok := i.wepGarbage(ctx, w); {
-			case !ok:
-			case kind == gcDeletedStatefulSet, kind == gcScaledDown:
-				i.freeFixed(ctx, w, kind)
-			case kind == gcLeakedPod:
-				i.freeLeakedPod(ctx, w)
-			}
+	leader := i.deps.IsLeader == nil || i.deps.IsLeader()
+	synced := map[string]bool{}
+	for _, name := range i.ServedNodes() {
+		if n, ok := i.node(name); ok && n.cache.synced() {
+			synced[name] = true
 		}
 	}
-	i.collectLeakedIPs(ctx, named, synced)
-	// Weps and pools of deleted nodes belong to no shard: one replica
-	// sweeps them.
-	if i.deps.IsLeader == nil || i.deps.IsLeader() {
-		i.collectOnDeletedNodes(ctx)
-		i.collectLeakedIPPools(ctx)
-	}
-	i.metrics.gcDuration.Observe(i.deps.Clock.Since(start).Seconds())
-}
-
-// gcListPage bounds what the leader's sweep of all weps holds at a time.
-const gcListPage = 500
-
-// collectOnDeletedNodes pages through every wep (no replica caches them
-// all) for those on nodes that the node cache no longer has.
-func (i *IPAM) collectOnDeletedNodes(ctx context.Context) {
+	named := map[netip.Addr]datastore.PodKey{} // IPs that a wep of a served node names
 	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll)
 	opts := metav1.ListOptions{Limit: gcListPage}
 	for {
 		page, err := client.List(ctx, opts)
 		if err != nil {
-			i.log.Warn("gc: list weps for the sweep of deleted nodes", "err", err)
+			i.log.Warn("gc: list weps", "err", err)
 			return
 		}
 		for k := range page.Items {
 			w := &page.Items[k]
-			if _, err := i.nodes.Get(w.Spec.Node); !apierrors.IsNotFound(err) {
-				continue
+			switch {
+			case synced[w.Spec.Node]:
+				if addr, err := netip.ParseAddr(w.Spec.IP); err == nil {
+					named[addr] = datastore.PodKey{Namespace: w.Namespace, Name: w.Name}
+				}
+				i.collectServedWEP(ctx, w)
+			case leader:
+				if _, err := i.nodes.Get(w.Spec.Node); !apierrors.IsNotFound(err) {
+					continue
+				}
+				if _, served := i.node(w.Spec.Node); !served {
+					i.collectOnDeletedNode(ctx, w)
+				}
 			}
-			if _, served := i.node(w.Spec.Node); served {
-				continue
-			}
-			i.collectOnDeletedNode(ctx, w)
 		}
 		if page.Continue == "" {
-			return
+			break
 		}
 		opts.Continue = page.Continue
+	}
+	i.collectLeakedIPs(ctx, named, synced)
+	// Pools of deleted nodes belong to no shard either.
+	if leader {
+		i.collectLeakedIPPools(ctx)
+	}
+	i.metrics.gcDuration.Observe(i.deps.Clock.Since(start).Seconds())
+}
+
+// gcListPage bounds how many weps a GC pass holds at a time.
+const gcListPage = 500
+
+// collectServedWEP frees what a wep of a served node no longer needs.
+func (i *IPAM) collectServedWEP(ctx context.Context, w *cce.WorkloadEndpoint) {
+	if i.mayAct(w.Spec.Node) != nil {
+		return
+	}
+	switch kind, ok := i.wepGarbage(ctx, w); {
+	case !ok:
+	case kind == gcDeletedStatefulSet, kind == gcScaledDown:
+		i.freeFixed(ctx, w, kind)
+	case kind == gcLeakedPod:
+		i.freeLeakedPod(ctx, w)
 	}
 }
 
@@ -234,11 +235,11 @@ func (i *IPAM) freeFixed(ctx context.Context, w *cce.WorkloadEndpoint, kind stri
 // collectLeakedIPs frees assigned IPs of served nodes that no wep names, once
 // they have been seen so for LeakGrace (an ADD between the datastore and the
 // wep commit is not a leak). Suspects and their age are exported as gauges.
-func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datastore.PodKey, nodes []string) {
+func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datastore.PodKey, nodes map[string]bool) {
 	now := i.deps.Clock.Now()
 	seen := map[netip.Addr]bool{}
 	var oldest time.Duration
-	for _, nodeName := range nodes {
+	for nodeName := range nodes {
 		if i.mayAct(nodeName) != nil {
 			continue
 		}

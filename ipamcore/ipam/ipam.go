@@ -22,7 +22,6 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/cce-ipam/sharded/cloud"
-	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	cceinformers "github.com/cce-ipam/sharded/ipamcore/generated/informers/externalversions"
@@ -45,12 +44,10 @@ type Deps struct {
 	// IsLeader, when set, gates the cluster-wide GC duties (IPPools of
 	// deleted nodes) to one replica. Nil means always.
 	IsLeader func() bool
-	// WatchKube and WatchCCE, when set, carry the served nodes' pod and
-	// WorkloadEndpoint watches (two per node), so that starting them on a
-	// takeover does not spend the CNI path's client-side rate limit.
-	// Default: Kube and CCE.
+	// WatchKube, when set, carries the served nodes' pod watches (one per
+	// node), so that starting them on a takeover does not spend the CNI
+	// path's client-side rate limit. Default: Kube.
 	WatchKube kubernetes.Interface
-	WatchCCE  cceclient.Interface
 }
 
 // Fence is the shard layer's answer to "may this replica still write for
@@ -114,9 +111,6 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 	if deps.WatchKube == nil {
 		deps.WatchKube = deps.Kube
 	}
-	if deps.WatchCCE == nil {
-		deps.WatchCCE = deps.CCE
-	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -146,8 +140,8 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 	// No periodic resync: every decision re-reads what it needs, and the
 	// pool workers have their own ticker. Cluster-wide informers only for
 	// what every replica needs whole (nodes for the ring, StatefulSets and
-	// Subnets, few and small); pods and WorkloadEndpoints are watched per
-	// served node (nodeCache), so memory follows the replica's share.
+	// Subnets, few and small); pods are watched per served node (nodeCache),
+	// WorkloadEndpoints read live, so memory follows the replica's share.
 	i.kubeInformers = informers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, informers.WithTransform(stripManagedFieldsTransform))
 	i.cceInformers = cceinformers.NewSharedInformerFactoryWithOptions(deps.CCE, 0, cceinformers.WithTransform(stripManagedFieldsTransform))
 	i.nodes = i.kubeInformers.Core().V1().Nodes().Lister()
@@ -327,7 +321,7 @@ func (i *IPAM) serveRebuilt(ctx, runCtx context.Context, name string, byInstance
 		_, _ = i.store.RemoveNode(name)
 		return nil
 	}
-	n.cache = startNodeCache(runCtx, name, i.deps.WatchKube, i.deps.WatchCCE)
+	n.cache = startNodeCache(runCtx, name, i.deps.WatchKube)
 	i.served[name] = n
 	workerCtx, cancel := context.WithCancel(runCtx)
 	n.cancel = cancel
@@ -435,18 +429,6 @@ func (i *IPAM) cachedPod(node, namespace, name string) (*corev1.Pod, bool) {
 		return nil, false
 	}
 	return i.PodFromCache(node, namespace, name)
-}
-
-// cachedWEP looks a wep up in the watch of the node it is said to be on.
-func (i *IPAM) cachedWEP(node, namespace, name string) (*cce.WorkloadEndpoint, bool) {
-	if node == "" {
-		return nil, false
-	}
-	n, ok := i.node(node)
-	if !ok {
-		return nil, false
-	}
-	return n.cache.wep(namespace, name)
 }
 
 // NodeInformer is the IPAM's shared Node informer, for the shard layer to

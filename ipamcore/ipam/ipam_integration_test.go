@@ -272,7 +272,7 @@ func TestIPAM_WrongNodeRefused(t *testing.T) {
 	}
 }
 
-// Serving a node starts its two watches; stopping it must end them, or a
+// Serving a node starts its pod watch; stopping it must end it, or a
 // replica whose nodes come and go would leak goroutines and connections.
 func TestIPAM_StopServingEndsWatches(t *testing.T) {
 	e := newEnv(t, "watchstop", 1, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond})
@@ -282,7 +282,7 @@ func TestIPAM_StopServingEndsWatches(t *testing.T) {
 		return ok
 	})
 	base := runtime.NumGoroutine()
-	const cycles = 5
+	const cycles = 10
 	for range cycles {
 		e.ipam.StopServingNode(p.node)
 		if _, ok := e.ipam.PodFromCache(p.node, e.ns, p.name); ok {
@@ -296,8 +296,8 @@ func TestIPAM_StopServingEndsWatches(t *testing.T) {
 			return ok
 		})
 	}
-	// Each node's watches take at least four goroutines (two reflectors,
-	// two stream decoders): a leak of five cycles' worth is well above this.
+	// A node's watch takes at least two goroutines (the reflector and its
+	// stream decoder): a leak of ten cycles' worth is well above this.
 	eventually(t, 10*time.Second, "goroutines back to the level of one served node", func() bool {
 		return runtime.NumGoroutine() <= base+8
 	})

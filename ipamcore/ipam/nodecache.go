@@ -15,67 +15,56 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
-	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 )
 
-// nodeCache is the watch-fed view of one served node: its pods (field
-// selector spec.nodeName, the watch every kubelet keeps) and its
-// WorkloadEndpoints (the CRD's selectable field spec.node). A replica watches
-// only the nodes it serves, so its memory follows its share of the cluster
-// rather than the cluster's size.
+// nodeCache is the watch-fed view of one served node's pods (field selector
+// spec.nodeName: the watch every kubelet keeps, which the API server's watch
+// cache serves from an index). A replica watches only the nodes it serves,
+// so its memory follows its share of the cluster rather than its size.
+//
+// WorkloadEndpoints are deliberately not watched per node: their field
+// selector (the CRD's selectable field spec.node) has no index, so every
+// such watch start makes the API server scan every wep, and a takeover of
+// many nodes turned that into an overload. They are read live where needed
+// and once per GC pass in pages.
 //
 // The view is a hint, as any informer cache is: a miss or a stale object is
 // answered by a live read where it matters (getPod, the GC's confirmations),
 // so a cache that has not synced yet only costs reads, never correctness.
 type nodeCache struct {
-	pods, weps *nodeStore
-	cancel     context.CancelFunc
-	done       sync.WaitGroup
+	pods   *nodeStore
+	cancel context.CancelFunc
+	done   sync.WaitGroup
 }
 
-// startNodeCache starts the two watches of a node; stop ends them.
-func startNodeCache(ctx context.Context, name string, kube kubernetes.Interface, cceClient cceclient.Interface) *nodeCache {
+// startNodeCache starts the node's pod watch; stop ends it.
+func startNodeCache(ctx context.Context, name string, kube kubernetes.Interface) *nodeCache {
 	ctx, cancel := context.WithCancel(ctx)
-	c := &nodeCache{pods: newNodeStore(slimPod), weps: newNodeStore(stripManagedFields), cancel: cancel}
-	podSel := fields.OneTermEqualSelector("spec.nodeName", name).String()
-	wepSel := fields.OneTermEqualSelector("spec.node", name).String()
-	pods := &cache.ListWatch{
+	c := &nodeCache{pods: newNodeStore(slimPod), cancel: cancel}
+	sel := fields.OneTermEqualSelector("spec.nodeName", name).String()
+	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = podSel
+			o.FieldSelector = sel
 			return kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = podSel
+			o.FieldSelector = sel
 			return kube.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, o)
 		},
 	}
-	weps := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = wepSel
-			return cceClient.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll).List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = wepSel
-			return cceClient.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll).Watch(ctx, o)
-		},
-	}
-	for _, r := range []*cache.Reflector{
-		cache.NewReflectorWithOptions(pods, &corev1.Pod{}, c.pods, cache.ReflectorOptions{Name: "pods of node " + name}),
-		cache.NewReflectorWithOptions(weps, &cce.WorkloadEndpoint{}, c.weps, cache.ReflectorOptions{Name: "weps of node " + name}),
-	} {
-		c.done.Go(func() { r.RunWithContext(ctx) })
-	}
+	r := cache.NewReflectorWithOptions(lw, &corev1.Pod{}, c.pods, cache.ReflectorOptions{Name: "pods of node " + name})
+	c.done.Go(func() { r.RunWithContext(ctx) })
 	return c
 }
 
-// stop ends the watches and waits for them.
+// stop ends the watch and waits for it.
 func (c *nodeCache) stop() {
 	c.cancel()
 	c.done.Wait()
 }
 
-// synced reports whether both watches have delivered their first list.
-func (c *nodeCache) synced() bool { return c.pods.synced.Load() && c.weps.synced.Load() }
+// synced reports whether the watch has delivered its first list.
+func (c *nodeCache) synced() bool { return c.pods.synced.Load() }
 
 func (c *nodeCache) pod(namespace, name string) (*corev1.Pod, bool) {
 	obj, ok, _ := c.pods.GetByKey(namespace + "/" + name)
@@ -84,26 +73,6 @@ func (c *nodeCache) pod(namespace, name string) (*corev1.Pod, bool) {
 	}
 	p, ok := obj.(*corev1.Pod)
 	return p, ok
-}
-
-func (c *nodeCache) wep(namespace, name string) (*cce.WorkloadEndpoint, bool) {
-	obj, ok, _ := c.weps.GetByKey(namespace + "/" + name)
-	if !ok {
-		return nil, false
-	}
-	w, ok := obj.(*cce.WorkloadEndpoint)
-	return w, ok
-}
-
-func (c *nodeCache) listWeps() []*cce.WorkloadEndpoint {
-	objs := c.weps.List()
-	out := make([]*cce.WorkloadEndpoint, 0, len(objs))
-	for _, o := range objs {
-		if w, ok := o.(*cce.WorkloadEndpoint); ok {
-			out = append(out, w)
-		}
-	}
-	return out
 }
 
 // nodeStore is a thread-safe store that a reflector fills. It keeps each
@@ -160,8 +129,9 @@ func slimPod(obj any) any {
 	return out
 }
 
-// stripManagedFields is also the informers' transform: server-side apply
-// bookkeeping is often half an object's size and the IPAM never reads it.
+// stripManagedFields is the cluster-wide informers' transform: server-side
+// apply bookkeeping is often half an object's size and the IPAM never reads
+// it.
 func stripManagedFields(obj any) any {
 	if a, err := meta.Accessor(obj); err == nil && a.GetManagedFields() != nil {
 		a.SetManagedFields(nil)

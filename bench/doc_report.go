@@ -28,6 +28,9 @@ func buildDoc(cfg Config, res *results, path func(string) string) report.Doc {
 			res.finished.Format("15:04:05 MST"), res.finished.Sub(res.started).Round(time.Second)),
 		"Every headline is a ratio of two things measured in the same run, medians over repeats. The bench reports; "+
 			"it fails only on a broken invariant.")
+	if len(cfg.Items) > 0 {
+		doc.Intro = append(doc.Intro, fmt.Sprintf("**Partial run**: only the items %s were run.", strings.Join(cfg.Items, ", ")))
+	}
 	doc.Sections = append(doc.Sections, report.Section{Heading: "Machine and versions", Tables: []report.Table{{
 		Header: []string{"", ""},
 		Rows: [][]string{

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 )
 
@@ -71,7 +72,36 @@ type Config struct {
 	// OutDir receives report.md (or ReportName) and the plots.
 	OutDir     string
 	ReportName string
+	// Items limits the run to some items ("latency", "failover", "budget",
+	// "scale"); empty runs them all. A partial run's report says so.
+	Items []string
 	// Command is the command line, quoted in the report.
 	Command string
 	Logger  *slog.Logger
+}
+
+// Items a run can be limited to, by the prefix of their step's name.
+var itemSteps = map[string]string{"latency": "1 ", "failover": "2 ", "budget": "5 ", "scale": "3, 4, 6 "}
+
+// CheckItems refuses unknown item names.
+func CheckItems(items []string) error {
+	for _, it := range items {
+		if _, ok := itemSteps[it]; !ok {
+			return fmt.Errorf("bench: unknown item %q (want latency, failover, budget or scale)", it)
+		}
+	}
+	return nil
+}
+
+// runs reports whether the step called name is part of this run.
+func (c Config) runs(name string) bool {
+	if len(c.Items) == 0 {
+		return true
+	}
+	for _, it := range c.Items {
+		if strings.HasPrefix(name, itemSteps[it]) {
+			return true
+		}
+	}
+	return false
 }

@@ -67,7 +67,7 @@ func (e *env) runAll(ctx context.Context, res *results) error {
 		return err
 	}
 	step := func(name string, fn func() error) {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || !e.cfg.runs(name) {
 			return
 		}
 		e.log.Info("item", "name", name)

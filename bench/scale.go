@@ -11,7 +11,6 @@ import (
 	"github.com/cce-ipam/sharded/bench/report"
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
-	"github.com/cce-ipam/sharded/e2e/fleet"
 )
 
 // coldStart is one start of `replicas` fresh processes on a settled cluster.
@@ -143,13 +142,14 @@ func (e *env) stopAll() error {
 // served. (The stopped ones stay in the join lists: joining them fails,
 // harmlessly.)
 func (e *env) startN(ctx context.Context, n int) error {
-	var rs []*fleet.Replica
-	for i := range n {
-		rs = append(rs, e.f.Replica(i))
-	}
 	var wg sync.WaitGroup
-	errs := make([]error, len(rs))
-	for i, r := range rs {
+	errs := make([]error, n)
+	for i := range n {
+		r := e.f.Replica(i)
+		if r == nil { // a partial run (--items) has not made it yet
+			wg.Go(func() { _, errs[i] = e.f.AddReplica(ctx) })
+			continue
+		}
 		wg.Go(func() { errs[i] = r.Start(ctx) })
 	}
 	wg.Wait()

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -29,15 +30,41 @@ func main() {
 	binDir := flag.String("bin-dir", "bin", "directory with cce-ipam, bce-sim, etcd and kube-apiserver")
 	out := flag.String("out", "", "output directory (default bench/results/<today>)")
 	workDir := flag.String("work-dir", "", "directory for the processes' logs (default: a new temporary directory)")
+	items := flag.String("items", "", "comma-separated items to run: latency, failover, budget, scale (default all; the report then says it is partial)")
+	scales := flag.String("scales", "", "comma-separated node counts for items 3, 4 and 6, overriding the profile's (pods per node stay the profile's)")
+	coldRepeats := flag.Int("cold-repeats", 0, "cold starts per size and replica count, overriding the profile's (0: the profile's)")
 	flag.Parse()
+	var only []string
+	if *items != "" {
+		only = strings.Split(*items, ",")
+	}
+	if err := bench.CheckItems(only); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 
 	p, ok := bench.Profiles[*profile]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "bench: unknown profile %q\n", *profile)
 		os.Exit(2)
 	}
+	if *scales != "" {
+		per := p.Scales[0].PodsPerNode
+		p.Scales = nil
+		for _, f := range strings.Split(*scales, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n <= 0 {
+				fmt.Fprintf(os.Stderr, "bench: --scales: %q is not a node count\n", f)
+				os.Exit(2)
+			}
+			p.Scales = append(p.Scales, bench.Scale{Nodes: n, PodsPerNode: per})
+		}
+	}
+	if *coldRepeats > 0 {
+		p.ColdRepeats = *coldRepeats
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	if err := run(p, *binDir, *out, *workDir, log); err != nil {
+	if err := run(p, only, *binDir, *out, *workDir, log); err != nil {
 		log.Error("bench failed", "err", err)
 		if errors.Is(err, bench.ErrInvariant) {
 			os.Exit(3)
@@ -46,7 +73,7 @@ func main() {
 	}
 }
 
-func run(p bench.Profile, binDir, out, workDir string, log *slog.Logger) error {
+func run(p bench.Profile, only []string, binDir, out, workDir string, log *slog.Logger) error {
 	root, err := os.Getwd()
 	if err != nil {
 		return err
@@ -74,7 +101,7 @@ func run(p bench.Profile, binDir, out, workDir string, log *slog.Logger) error {
 	}
 	log.Info("bench", "profile", p.Name, "out", out, "logs", workDir)
 	err = bench.Run(ctx, bench.Config{Profile: p, BinDir: binDir, RepoRoot: root, WorkDir: workDir,
-		OutDir: out, ReportName: name, Command: cmd, Logger: log})
+		OutDir: out, ReportName: name, Items: only, Command: cmd, Logger: log})
 	log.Info("report written", "file", filepath.Join(out, name), "logs", workDir)
 	return err
 }

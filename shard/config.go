@@ -38,6 +38,13 @@ type Config struct {
 	ForwardKeyFile string
 	// LeaveTimeout bounds the graceful hand-over on shutdown. Defaults to 20s.
 	LeaveTimeout time.Duration
+	// ColdStartSettle holds back the first claims of a cold start (no live
+	// replica holds any partition) until the live set and the fresh replica
+	// Leases have not changed for this long, so that replicas started
+	// together split the nodes once instead of one taking them all and
+	// handing two thirds over again. Zero: claim at once. Joins into a
+	// running cluster never wait.
+	ColdStartSettle time.Duration
 	// BudgetFollowDemand lets idle replicas lend their share of the cloud
 	// rate to busy ones (never the per-operation limits, which stay split
 	// evenly). Off: an even split.
@@ -56,6 +63,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.OwnerWait, "shard-owner-wait", d.OwnerWait, "how long a CNI call waits for its node to get an owner before failing with a retryable error")
 	fs.StringVar(&c.ForwardKeyFile, "shard-forward-key-file", "", "file with the base64 key authenticating calls forwarded between replicas (default: the gossip key file)")
 	fs.DurationVar(&c.LeaveTimeout, "shard-leave-timeout", d.LeaveTimeout, "how long a graceful shutdown waits to hand its nodes over")
+	fs.DurationVar(&c.ColdStartSettle, "shard-cold-start-settle", 2*time.Second, "at a cold start (no live replica holds any nodes), wait until the set of replicas has been stable for this long before claiming, so replicas started together split the nodes once (0: claim at once)")
 	fs.BoolVar(&c.BudgetFollowDemand, "shard-budget-follow-demand", false, "let idle replicas lend their share of --bce-rate to busy ones (experimental; default: an even split)")
 }
 
@@ -97,7 +105,7 @@ func (c Config) Validate() error {
 	if err := c.Ring.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.LeaseDuration <= 0 || c.RenewDeadline <= 0 || c.RenewPeriod <= 0 || c.OwnerWait < 0 || c.LeaveTimeout < 0 {
+	if c.LeaseDuration <= 0 || c.RenewDeadline <= 0 || c.RenewPeriod <= 0 || c.OwnerWait < 0 || c.LeaveTimeout < 0 || c.ColdStartSettle < 0 {
 		errs = append(errs, errors.New("shard: lease timings must be positive"))
 	}
 	// The fence: a replica stops by RenewDeadline on its clock; others take

@@ -87,6 +87,10 @@ type Coordinator struct {
 	retryAt         map[string]time.Time
 	stepped         bool
 	readyReason     string
+	startedAt       time.Time // by our clock, for the cold-start settle's cap
+	settleKey       string    // the replicas in view, as of settleSince
+	settleSince     time.Time
+	holdReason      string // why claims are held back ("" when they are not)
 }
 
 // observed is what this replica last saw of another replica's Lease, and
@@ -174,6 +178,7 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 		retryAt:      map[string]time.Time{},
 		releasing:    map[int]bool{},
 		readyReason:  "not started",
+		startedAt:    deps.Clock.Now(),
 	}
 	c.budget = newBudget(c, deps.Budget, deps.GlobalRate, deps.GlobalBurst)
 	c.leaseInformers = informers.NewSharedInformerFactoryWithOptions(deps.Kube, 0,
@@ -387,6 +392,22 @@ func (c *Coordinator) step(ctx context.Context) error {
 	if c.ring != nil {
 		wanted = c.ring.Table().Owners
 	}
+	if hold := c.holdClaimsLocked(now, live, claims, gossip); hold != c.holdReason {
+		if hold != "" {
+			c.log.Info("holding back claims", "reason", hold)
+		} else {
+			c.log.Info("claiming", "members", live)
+		}
+		c.holdReason = hold
+	}
+	if c.holdReason != "" {
+		wanted = slices.Clone(wanted)
+		for p := range wanted {
+			if wanted[p] == c.self && c.own.State(p) == Unowned {
+				wanted[p] = ""
+			}
+		}
+	}
 	for p := range wanted {
 		if wanted[p] == c.self && c.own.State(p) != Serving {
 			if _, ok := c.wantedSince[p]; !ok {
@@ -419,6 +440,59 @@ func (c *Coordinator) step(ctx context.Context) error {
 	c.updateMetricsLocked()
 	c.stepped = true
 	return nil
+}
+
+// holdClaimsLocked says why this replica must not claim partitions yet, or
+// "" when it may:
+//   - without a share of the cloud budget it could not rebuild what it claims
+//     (the ENI list is a cloud call), and nobody else could serve it either;
+//   - at a cold start (no live replica but us holds a claim), until the
+//     replicas in view, by gossip or by a fresh Lease, have been the same for
+//     ColdStartSettle: replicas started together then split the nodes once.
+//     The wait is capped at ColdStartSettle + LeaseDuration from our start,
+//     so a replica whose Lease is fresh but that never joins gossip does not
+//     hold us forever.
+func (c *Coordinator) holdClaimsLocked(now time.Time, live []string, claims []Claim, gossip map[string]bool) string {
+	if c.budget.setter != nil {
+		c.budget.mu.Lock()
+		granted := c.budget.granted && c.budget.share.Rate > 0
+		c.budget.mu.Unlock()
+		if !granted {
+			return "waiting for a share of the BCE budget"
+		}
+	}
+	if c.cfg.ColdStartSettle <= 0 {
+		return ""
+	}
+	for _, cl := range claims {
+		if cl.Holder != "" && cl.Holder != c.self && slices.Contains(live, cl.Holder) {
+			return "" // a running cluster: a join takes its part at once
+		}
+	}
+	for p := range c.cfg.Ring.Partitions {
+		if c.own.State(p) != Unowned {
+			return "" // we already took part
+		}
+	}
+	inView := slices.Clone(live)
+	for m, o := range c.seen {
+		if o.version != "" && !o.leaving && !c.expiredLocked(m, now) && !slices.Contains(live, m) {
+			inView = append(inView, m+"(lease)")
+		}
+	}
+	for m := range gossip {
+		if !slices.Contains(live, m) {
+			inView = append(inView, m+"(gossip)")
+		}
+	}
+	sort.Strings(inView)
+	if key := strings.Join(inView, ","); key != c.settleKey || c.settleSince.IsZero() {
+		c.settleKey, c.settleSince = key, now
+	}
+	if now.Sub(c.settleSince) < c.cfg.ColdStartSettle && now.Sub(c.startedAt) < c.cfg.ColdStartSettle+c.cfg.LeaseDuration {
+		return "cold start: waiting for the replicas to settle"
+	}
+	return ""
 }
 
 // readLeases sorts the coordination Leases: the partition claims, the
@@ -780,6 +854,8 @@ func (c *Coordinator) updateReadyLocked(now time.Time, exists map[string]bool) {
 	switch {
 	case !now.Before(c.leaseValidUntil):
 		c.readyReason = "replica lease not held"
+	case c.holdReason != "":
+		c.readyReason = c.holdReason
 	case c.starting:
 		c.readyReason = "building the state of owned nodes"
 	default:

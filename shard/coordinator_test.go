@@ -171,3 +171,132 @@ func TestCoordinator_ReleasesOrphanedClaims(t *testing.T) {
 		t.Fatalf("a claim the ring still gives us was released (holder %q): it is reclaimed, not dropped", h)
 	}
 }
+
+// At a cold start a replica claims nothing until the replicas in view have
+// been the same for ColdStartSettle (replicas started together then split
+// the nodes once); the wait is capped; a running cluster is joined at once;
+// and without a budget share nothing is claimed at all.
+func TestCoordinator_ColdStartHoldsClaimsUntilSettled(t *testing.T) {
+	c, clk := newTestCoordinator(t)
+	c.cfg.ColdStartSettle = 2 * time.Second
+	ctx := context.Background()
+	c.writeLease(ctx)
+	claims := make([]Claim, c.cfg.Ring.Partitions)
+	hold := func(live []string, gossip map[string]bool) string {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.holdClaimsLocked(clk.Now(), live, claims, gossip)
+	}
+	if h := hold([]string{"r0"}, nil); h == "" {
+		t.Fatal("a replica alone at its start claimed at once")
+	}
+	clk.Step(time.Second)
+	// r1's Lease appears (gossip has not seen it yet): the view changed.
+	c.mu.Lock()
+	c.seen["r1"] = observed{version: "1", since: clk.Now()}
+	c.mu.Unlock()
+	if h := hold([]string{"r0"}, map[string]bool{"r0": true}); h == "" {
+		t.Fatal("claimed while another replica's Lease had just appeared")
+	}
+	clk.Step(1500 * time.Millisecond) // 2.5 s from the start, 1.5 s from the change
+	if h := hold([]string{"r0"}, map[string]bool{"r0": true}); h == "" {
+		t.Fatal("claimed 1.5 s after the view changed (settle is 2 s)")
+	}
+	// Gossip now sees r1 too: it is live, the view changes once more.
+	both := map[string]bool{"r0": true, "r1": true}
+	if h := hold([]string{"r0", "r1"}, both); h == "" {
+		t.Fatal("claimed as r1 became live")
+	}
+	clk.Step(2100 * time.Millisecond)
+	if h := hold([]string{"r0", "r1"}, both); h != "" {
+		t.Fatalf("still holding after the view was stable for the settle time: %s", h)
+	}
+
+	// A view that never settles holds claims back only up to the cap.
+	c2, clk2 := newTestCoordinator(t)
+	c2.cfg.ColdStartSettle = 2 * time.Second
+	c2.writeLease(ctx)
+	for i := 0; ; i++ {
+		c2.mu.Lock()
+		c2.seen["flapping"] = observed{version: "1", since: clk2.Now(), leaving: i%2 == 1}
+		h := c2.holdClaimsLocked(clk2.Now(), []string{"r0"}, claims, nil)
+		c2.mu.Unlock()
+		if h == "" {
+			if el := clk2.Now().Sub(c2.startedAt); el < c2.cfg.ColdStartSettle+c2.cfg.LeaseDuration {
+				t.Fatalf("claimed after %s although the view kept changing", el)
+			}
+			break
+		}
+		if el := clk2.Now().Sub(c2.startedAt); el > c2.cfg.ColdStartSettle+c2.cfg.LeaseDuration+time.Second {
+			t.Fatalf("still holding after %s: the cap did not apply", el)
+		}
+		clk2.Step(500 * time.Millisecond)
+	}
+
+	// Joining a running cluster (a live replica holds a claim): no wait.
+	c3, _ := newTestCoordinator(t)
+	c3.cfg.ColdStartSettle = 2 * time.Second
+	c3.writeLease(ctx)
+	running := make([]Claim, c3.cfg.Ring.Partitions)
+	running[7] = Claim{Holder: "r1", Version: "5"}
+	c3.mu.Lock()
+	h := c3.holdClaimsLocked(c3.clock.Now(), []string{"r0", "r1"}, running, nil)
+	c3.mu.Unlock()
+	if h != "" {
+		t.Fatalf("a replica joining a running cluster held its claims: %s", h)
+	}
+
+	// With a budget to split, nothing is claimed before a share is held
+	// (the rebuild needs the cloud).
+	c3.budget.setter = rateRecorder{}
+	c3.mu.Lock()
+	h = c3.holdClaimsLocked(c3.clock.Now(), []string{"r0", "r1"}, running, nil)
+	c3.mu.Unlock()
+	if h == "" {
+		t.Fatal("claimed without a share of the cloud budget")
+	}
+	c3.budget.set(Share{Rate: 5, Burst: 2}, true)
+	c3.mu.Lock()
+	h = c3.holdClaimsLocked(c3.clock.Now(), []string{"r0", "r1"}, running, nil)
+	c3.mu.Unlock()
+	if h != "" {
+		t.Fatalf("holding with a granted share: %s", h)
+	}
+}
+
+type rateRecorder struct{}
+
+func (rateRecorder) SetRate(float64, int64) error { return nil }
+
+// The hold reaches the ownership: a held step starts no claim, and the first
+// step after the settle claims every partition the ring gives us.
+func TestCoordinator_HeldStepClaimsNothing(t *testing.T) {
+	c, clk := newTestCoordinator(t)
+	c.cfg.ColdStartSettle = 2 * time.Second
+	ctx := context.Background()
+	c.writeLease(ctx)
+	stop := make(chan struct{})
+	defer close(stop)
+	c.leaseInformers.Start(stop)
+	c.leaseInformers.WaitForCacheSync(stop)
+	if err := c.step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	inFlight := c.claimsInFlight
+	c.mu.Unlock()
+	if inFlight != 0 {
+		t.Fatalf("a held step started %d claims", inFlight)
+	}
+	clk.Step(2100 * time.Millisecond)
+	c.writeLease(ctx)
+	if err := c.step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	inFlight = c.claimsInFlight
+	c.mu.Unlock()
+	if inFlight != c.cfg.Ring.Partitions {
+		t.Fatalf("after the settle the step started %d claims, want all %d", inFlight, c.cfg.Ring.Partitions)
+	}
+}

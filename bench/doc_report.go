@@ -31,18 +31,21 @@ func buildDoc(cfg Config, res *results, path func(string) string) report.Doc {
 	if len(cfg.Items) > 0 {
 		doc.Intro = append(doc.Intro, fmt.Sprintf("**Partial run**: only the items %s were run.", strings.Join(cfg.Items, ", ")))
 	}
+	machine := [][]string{
+		{"CPU", fmt.Sprintf("%d cores, %s", m.Cores, m.CPUModel)},
+		{"memory", m.MemTotal},
+		{"kernel", m.Kernel},
+		{"Go", m.Go},
+		{"kube-apiserver", m.Kube},
+		{"etcd", m.Etcd},
+		{"git commit", m.Commit},
+	}
+	if m.GitStatus != "" {
+		machine = append(machine, []string{"uncommitted changes in the tree (the binaries include them)", m.GitStatus})
+	}
 	doc.Sections = append(doc.Sections, report.Section{Heading: "Machine and versions", Tables: []report.Table{{
 		Header: []string{"", ""},
-		Rows: [][]string{
-			{"CPU", fmt.Sprintf("%d cores, %s", m.Cores, m.CPUModel)},
-			{"memory", m.MemTotal},
-			{"kernel", m.Kernel},
-			{"Go", m.Go},
-			{"kube-apiserver", m.Kube},
-			{"etcd", m.Etcd},
-			{"git commit", m.Commit},
-			{"uncommitted changes in the tree (the binaries include them)", m.GitStatus},
-		},
+		Rows:   machine,
 	}}, Paragraphs: []string{
 		"Setup: etcd + kube-apiserver from `bin/` (no kube-controller-manager), bce-sim as a process with the " +
 			"upstream per-operation limits (ListENIs 1 QPS, burst 1; lifted only where a row says so), cce-ipam replicas as " +

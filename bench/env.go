@@ -57,7 +57,7 @@ type env struct {
 func (e *env) replicaArgs(int) []string {
 	e.argsMu.Lock()
 	defer e.argsMu.Unlock()
-	a := []string{"--kube-api-qps", "500", "--kube-api-burst", "1000", "--batch-add-ip-num", "10"}
+	a := []string{"--kube-api-qps", "500", "--kube-api-burst", "1000", "--batch-add-ip-num", "10", "--enable-profiling"}
 	return append(a, e.phaseArgs...)
 }
 

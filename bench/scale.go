@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,6 +201,7 @@ func (e *env) coldStart(ctx context.Context, n int) (coldStart, error) {
 			heap[sm.replica] = max(heap[sm.replica], sm.heapInuse)
 		}
 	}
+	e.saveHeapProfiles(ctx, n)
 	for _, r := range e.running() {
 		// One last reading, in case the window was short.
 		hwm, _ := procMem(r.PID())
@@ -257,4 +262,48 @@ func (e *env) fill(ctx context.Context, perNode int, filled map[string]bool) (in
 		filled[n] = true
 	}
 	return lost.Load(), err
+}
+
+// saveHeapProfiles keeps every running replica's heap profile in the work
+// directory, to tell what a replica's memory is made of
+// (go tool pprof -sample_index=inuse_space <file>). Failures only log.
+func (e *env) saveHeapProfiles(ctx context.Context, replicas int) {
+	dir := filepath.Join(e.cfg.WorkDir, "heap")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		e.log.Warn("heap profiles not saved", "err", err)
+		return
+	}
+	stamp := time.Now().UTC().Format("150405")
+	for _, r := range e.running() {
+		file := filepath.Join(dir, fmt.Sprintf("%dn-%drep-r%d-%s.pb.gz", len(e.f.Nodes()), replicas, r.Index(), stamp))
+		if err := fetchToFile(ctx, "http://"+r.MetricsAddr()+"/debug/pprof/heap", file); err != nil {
+			e.log.Warn("heap profile not saved", "replica", r.Index(), "err", err)
+		}
+	}
+}
+
+func fetchToFile(ctx context.Context, url, file string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

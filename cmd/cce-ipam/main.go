@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
@@ -52,6 +53,7 @@ type options struct {
 	grpcListen    string
 	metricsListen string
 	logLevel      string
+	profiling     bool
 	kubeQPS       float32
 	kubeBurst     int
 	watchQPS      float32
@@ -71,6 +73,7 @@ func main() {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config")
 	fs.StringVar(&o.grpcListen, "grpc-listen", ":9997", "address of the CNI gRPC service (rpc.CNIBackend), also used by other replicas to forward calls")
 	fs.StringVar(&o.metricsListen, "metrics-listen", ":9998", "address of /metrics, /healthz, /readyz and /shard/status")
+	fs.BoolVar(&o.profiling, "enable-profiling", false, "serve Go's /debug/pprof/ on the metrics address (heap and CPU profiles; do not expose that address outside the cluster)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.Float32Var(&o.kubeQPS, "kube-api-qps", 50, "queries per second to the API server (client-side limit; lease renewals have their own)")
 	fs.IntVar(&o.kubeBurst, "kube-api-burst", 100, "burst of queries to the API server")
@@ -245,6 +248,12 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 		}
 		_, _ = w.Write([]byte("ok"))
 	})
+	if o.profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("/shard/", coord.StatusHandler(func() (string, bool) { return leaderName.Load().(string), elector.IsLeader() },
 		func(node string) (any, error) { return core.Stats(node) }))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}

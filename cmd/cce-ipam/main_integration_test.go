@@ -147,7 +147,7 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 	ipamCmd, _ := startProcess(t, ipamBin, "--kubeconfig", cp.Kubeconfig, "--cluster-id", "cce-bin", "--vpc-id", vpc,
 		"--bce-endpoint", simAddr, "--bce-region", "bj", "--bce-access-key-id", ak, "--bce-secret-access-key", sk,
 		"--grpc-listen", grpcAddr, "--metrics-listen", metricsAddr, "--pool-check-period", "1s",
-		"--memberlist-bind-addr", "127.0.0.1", "--memberlist-bind-port", "0", "--namespace", ns)
+		"--memberlist-bind-addr", "127.0.0.1", "--memberlist-bind-port", "0", "--namespace", ns, "--enable-profiling")
 
 	waitHTTP(t, "http://"+metricsAddr+"/readyz")
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -195,6 +195,10 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 		}
 	}
 
+	if heap := httpGet(t, "http://"+metricsAddr+"/debug/pprof/heap?debug=1"); !strings.Contains(heap, "heap profile:") {
+		t.Errorf("/debug/pprof/heap with --enable-profiling = %.200q, want a heap profile", heap)
+	}
+
 	if err := ipamCmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -226,6 +230,17 @@ func waitHTTP(t *testing.T, url string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// httpStatus is the status code of a GET of url.
+func httpStatus(t *testing.T, url string) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 func httpGet(t *testing.T, url string) string {

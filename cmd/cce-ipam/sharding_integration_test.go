@@ -617,6 +617,10 @@ func TestSharding_ForgedForwardAndWrongKey(t *testing.T) {
 	e := newShardEnv(t, 2)
 	r0 := e.start(e.keyFile)
 	e.settle(60 * time.Second)
+	// Profiles are opt-in (--enable-profiling): not served by default.
+	if code := httpStatus(t, "http://"+r0.http+"/debug/pprof/heap"); code != http.StatusNotFound {
+		t.Errorf("/debug/pprof/heap without --enable-profiling: HTTP %d, want 404", code)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pod, err := e.newPod(ctx, e.nodes[0])

@@ -74,15 +74,21 @@ func (c *Coordinator) Gate() error {
 	if !c.LeaseValid() {
 		return errors.New("replica lease not valid")
 	}
-	if c.budget.setter == nil {
-		return nil
-	}
-	c.budget.mu.Lock()
-	defer c.budget.mu.Unlock()
-	if !c.budget.granted || c.budget.share.Rate <= 0 {
+	if !c.budget.held() {
 		return errNoShare
 	}
 	return nil
+}
+
+// held reports whether the replica may spend cloud calls: it holds a
+// published, non-zero share, or there is no budget to split.
+func (b *budget) held() bool {
+	if b.setter == nil {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.granted && b.share.Rate > 0
 }
 
 // Budget returns this replica's current share.

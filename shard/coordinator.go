@@ -453,13 +453,8 @@ func (c *Coordinator) step(ctx context.Context) error {
 //     so a replica whose Lease is fresh but that never joins gossip does not
 //     hold us forever.
 func (c *Coordinator) holdClaimsLocked(now time.Time, live []string, claims []Claim, gossip map[string]bool) string {
-	if c.budget.setter != nil {
-		c.budget.mu.Lock()
-		granted := c.budget.granted && c.budget.share.Rate > 0
-		c.budget.mu.Unlock()
-		if !granted {
-			return "waiting for a share of the BCE budget"
-		}
+	if !c.budget.held() {
+		return "waiting for a share of the BCE budget"
 	}
 	if c.cfg.ColdStartSettle <= 0 {
 		return ""

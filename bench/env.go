@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -189,7 +190,12 @@ func holderOf(ctx context.Context, r *fleet.Replica, node string) (string, error
 }
 
 func getJSON(ctx context.Context, url string, into any) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	return get(ctx, url, 5*time.Second, func(body io.Reader) error { return json.NewDecoder(body).Decode(into) })
+}
+
+// get GETs url within timeout and hands a 200's body to read.
+func get(ctx context.Context, url string, timeout time.Duration, read func(io.Reader) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -203,7 +209,7 @@ func getJSON(ctx context.Context, url string, into any) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	return json.NewDecoder(resp.Body).Decode(into)
+	return read(resp.Body)
 }
 
 // settle waits until every running replica is ready, sees exactly the

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 )
@@ -80,28 +81,20 @@ type Config struct {
 	Logger  *slog.Logger
 }
 
-// Items a run can be limited to, by the prefix of their step's name.
-var itemSteps = map[string]string{"latency": "1 ", "failover": "2 ", "budget": "5 ", "scale": "3, 4, 6 "}
+// Items a run can be limited to; runAll names each step's item.
+var items = []string{"latency", "failover", "budget", "scale"}
 
 // CheckItems refuses unknown item names.
-func CheckItems(items []string) error {
-	for _, it := range items {
-		if _, ok := itemSteps[it]; !ok {
-			return fmt.Errorf("bench: unknown item %q (want latency, failover, budget or scale)", it)
+func CheckItems(only []string) error {
+	for _, it := range only {
+		if !slices.Contains(items, it) {
+			return fmt.Errorf("bench: unknown item %q (want one of %s)", it, strings.Join(items, ", "))
 		}
 	}
 	return nil
 }
 
-// runs reports whether the step called name is part of this run.
-func (c Config) runs(name string) bool {
-	if len(c.Items) == 0 {
-		return true
-	}
-	for _, it := range c.Items {
-		if strings.HasPrefix(name, itemSteps[it]) {
-			return true
-		}
-	}
-	return false
+// runs reports whether item is part of this run.
+func (c Config) runs(item string) bool {
+	return len(c.Items) == 0 || slices.Contains(c.Items, item)
 }

@@ -66,8 +66,8 @@ func (e *env) runAll(ctx context.Context, res *results) error {
 	if _, err := e.settle(ctx, len(latNodes), 3*time.Minute); err != nil {
 		return err
 	}
-	step := func(name string, fn func() error) {
-		if ctx.Err() != nil || !e.cfg.runs(name) {
+	step := func(item, name string, fn func() error) {
+		if ctx.Err() != nil || !e.cfg.runs(item) {
 			return
 		}
 		e.log.Info("item", "name", name)
@@ -76,12 +76,12 @@ func (e *env) runAll(ctx context.Context, res *results) error {
 			res.failed = append(res.failed, fmt.Sprintf("%s: %v", name, err))
 		}
 	}
-	step("1 warm allocation", func() (err error) { res.latency, err = e.runLatency(ctx, latNodes); return })
-	step("2 failover", func() (err error) { res.failover, err = e.runFailover(ctx, latNodes); return })
-	step("5 budget", func() (err error) { res.budget, err = e.runBudget(ctx, latNodes); return })
+	step("latency", "1 warm allocation", func() (err error) { res.latency, err = e.runLatency(ctx, latNodes); return })
+	step("failover", "2 failover", func() (err error) { res.failover, err = e.runFailover(ctx, latNodes); return })
+	step("budget", "5 budget", func() (err error) { res.budget, err = e.runBudget(ctx, latNodes); return })
 	filled := map[string]bool{}
 	for _, s := range p.Scales {
-		step("3, 4, 6 at "+s.String(), func() error {
+		step("scale", "3, 4, 6 at "+s.String(), func() error {
 			r, err := e.runScale(ctx, s, filled)
 			if r != nil {
 				res.scales = append(res.scales, r)

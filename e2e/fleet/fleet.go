@@ -322,13 +322,14 @@ func (f *Fleet) NodeSelector() labels.Selector {
 }
 
 // Checker returns an invariant checker for the fleet: nodes are the fleet's
-// (unless cfg.NodeSelector is set) and the cloud is its bce-sim, ENIs named
-// <cluster-id>/... .
+// (unless cfg.NodeSelector is set) and the cloud is its bce-sim's world (read
+// through the admin API, so checks do not compete with the replicas for the
+// ListENIs limit), ENIs named <cluster-id>/... .
 func (f *Fleet) Checker(cfg invariants.Config) (*invariants.Checker, error) {
 	if cfg.NodeSelector == nil {
 		cfg.NodeSelector = f.NodeSelector()
 	}
-	return invariants.New(cfg, f.Kube, f.CCE, invariants.ProviderView(f.Cloud, f.VPCID, f.ClusterID+"/"))
+	return invariants.New(cfg, f.Kube, f.CCE, invariants.WorldView(f.SimWorld, f.ClusterID+"/"))
 }
 
 // AddNodes registers n more simulated nodes (instance, pre-attached ENI,

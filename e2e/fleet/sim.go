@@ -69,6 +69,12 @@ func (f *Fleet) SimStats(ctx context.Context) (bcesim.Stats, error) {
 	return st, f.simAdmin(ctx, http.MethodGet, "/admin/stats", nil, &st)
 }
 
+// SimWorld returns bce-sim's whole world (subnets, instances, ENIs).
+func (f *Fleet) SimWorld(ctx context.Context) (bcesim.WorldDump, error) {
+	var w bcesim.WorldDump
+	return w, f.simAdmin(ctx, http.MethodGet, "/admin/world", nil, &w)
+}
+
 // SetFaults replaces bce-sim's injected faults (latency, 5xx, replica lag,
 // failures after a mutation); the zero Faults clears them.
 func (f *Fleet) SetFaults(ctx context.Context, faults bcesim.Faults) error {

@@ -20,8 +20,8 @@ type ENI struct {
 }
 
 // CloudView lists the cloud's ENIs. Implementations: SimView (an in-process
-// bcesim.Server) and ProviderView (the BCE client, e.g. against a bce-sim
-// process or the real cloud).
+// bcesim.Server), WorldView (a bce-sim process's admin API) and ProviderView
+// (the BCE API, e.g. the real cloud).
 type CloudView interface {
 	ENIs(ctx context.Context) ([]ENI, error)
 }
@@ -33,16 +33,34 @@ type Dumper interface {
 
 // SimView reads an in-process simulator's world; only ENIs whose name starts
 // with namePrefix (e.g. "<clusterID>/") count, all when it is empty.
-func SimView(sim Dumper, namePrefix string) CloudView { return simView{sim, namePrefix} }
+func SimView(sim Dumper, namePrefix string) CloudView {
+	return WorldView(func(context.Context) (bcesim.WorldDump, error) { return sim.Dump(), nil }, namePrefix)
+}
 
-type simView struct {
-	sim    Dumper
+// WorldSource returns a simulator's whole world, e.g. from bce-sim's
+// GET /admin/world.
+type WorldSource func(ctx context.Context) (bcesim.WorldDump, error)
+
+// WorldView reads a simulator's world from src, ENIs filtered by namePrefix
+// as in SimView. Unlike ProviderView it takes no token of the simulated
+// API's per-operation limits, so checking does not throttle (or get
+// throttled by) the replicas under test.
+func WorldView(src WorldSource, namePrefix string) CloudView {
+	return worldView{src, namePrefix}
+}
+
+type worldView struct {
+	src    WorldSource
 	prefix string
 }
 
-func (v simView) ENIs(context.Context) ([]ENI, error) {
+func (v worldView) ENIs(ctx context.Context) ([]ENI, error) {
+	world, err := v.src(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var out []ENI
-	for _, e := range v.sim.Dump().ENIs {
+	for _, e := range world.ENIs {
 		if !strings.HasPrefix(e.Name, v.prefix) {
 			continue
 		}
@@ -63,7 +81,8 @@ type ENILister interface {
 }
 
 // ProviderView lists the VPC's ENIs named with namePrefix through the BCE
-// API (one paginated, VPC-wide list per check).
+// API (one paginated, VPC-wide list per check). Each check spends a token of
+// the API's ListENIs limit: against bce-sim prefer WorldView.
 func ProviderView(p ENILister, vpcID, namePrefix string) CloudView {
 	return providerView{p, vpcID, namePrefix}
 }

@@ -177,6 +177,10 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 	// Pods travel as protobuf (smaller and cheaper to decode).
 	watchCfg.ContentType = "application/vnd.kubernetes.protobuf"
 	watchCfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	// No gzip: every per-node pod watch would hold a decompressor (~30 KiB)
+	// for a trickle of events. Measured at 300 nodes, 1 replica: Go heap in
+	// use 87 → 64 MiB, peak RSS 151 → 132 MiB (bench, scale item).
+	watchCfg.DisableCompression = true
 
 	var elector *membership.Elector
 	leader := func() bool { return elector != nil && elector.IsLeader() }

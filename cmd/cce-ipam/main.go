@@ -167,12 +167,12 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 	restCfg.UserAgent = "cce-ipam/" + version
 	kube := kubernetes.NewForConfigOrDie(restCfg)
 	cceClient := cceclient.NewForConfigOrDie(restCfg)
-	// Lease renewals and claims get a client of their own, so that a busy
-	// IPAM cannot starve the fence of its renewals.
-	leaseCfg := rest.CopyConfig(restCfg)
+	// Lease renewals and claims get a client (rate limit and connection) of
+	// their own, so that a busy IPAM cannot starve the fence of its renewals.
+	leaseCfg := ownConnection(restCfg)
 	leaseCfg.QPS, leaseCfg.Burst = 100, 300
 	leaseKube := kubernetes.NewForConfigOrDie(leaseCfg)
-	watchCfg := rest.CopyConfig(restCfg)
+	watchCfg := ownConnection(restCfg)
 	watchCfg.QPS, watchCfg.Burst = o.watchQPS, o.watchBurst
 	// Pods travel as protobuf (smaller and cheaper to decode).
 	watchCfg.ContentType = "application/vnd.kubernetes.protobuf"
@@ -346,6 +346,16 @@ func firstPrivateIP() string {
 		}
 	}
 	return "127.0.0.1"
+}
+
+// ownConnection returns a copy of cfg whose clients dial a connection of
+// their own. client-go shares one transport, so one HTTP/2 connection, among
+// all configs with the same TLS settings: without this, lease renewals would
+// queue behind bulk LISTs and hundreds of watch streams on one connection.
+func ownConnection(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.Dial = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	return c
 }
 
 func kubeConfig(path string) (*rest.Config, error) {

@@ -41,8 +41,22 @@ type nodeCache struct {
 func startNodeCache(ctx context.Context, name string, kube kubernetes.Interface) *nodeCache {
 	ctx, cancel := context.WithCancel(ctx)
 	c := &nodeCache{pods: newNodeStore(slimPod), cancel: cancel}
-	sel := fields.OneTermEqualSelector("spec.nodeName", name).String()
-	lw := &cache.ListWatch{
+	r := cache.NewReflectorWithOptions(nodePodsListWatch(kube, name), &corev1.Pod{}, c.pods,
+		cache.ReflectorOptions{Name: "pods of node " + name})
+	c.done.Go(func() { r.RunWithContext(ctx) })
+	return c
+}
+
+// nodePodsListWatch lists and watches the pods bound to node. It tells the
+// reflector not to stream its initial list (WatchList): the API server
+// answers a streamed start by walking every pod in its watch cache, while a
+// list from the cache (resourceVersion 0) uses its spec.nodeName index. A
+// takeover starts one watch per node: at 1,000 nodes and 30,000 pods the
+// streamed starts took two thirds of the API server's CPU and its lease
+// writes slowed past the renew deadline.
+func nodePodsListWatch(kube kubernetes.Interface, node string) cache.ListerWatcher {
+	sel := fields.OneTermEqualSelector("spec.nodeName", node).String()
+	return listThenWatch{&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = sel
 			return kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, o)
@@ -51,11 +65,15 @@ func startNodeCache(ctx context.Context, name string, kube kubernetes.Interface)
 			o.FieldSelector = sel
 			return kube.CoreV1().Pods(metav1.NamespaceAll).Watch(ctx, o)
 		},
-	}
-	r := cache.NewReflectorWithOptions(lw, &corev1.Pod{}, c.pods, cache.ReflectorOptions{Name: "pods of node " + name})
-	c.done.Go(func() { r.RunWithContext(ctx) })
-	return c
+	}}
 }
+
+// listThenWatch is a ListWatch whose reflector lists, then watches.
+type listThenWatch struct{ *cache.ListWatch }
+
+// IsWatchListSemanticsUnSupported is what client-go's reflector asks
+// (k8s.io/client-go/util/watchlist) before streaming an initial list.
+func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }
 
 // stop ends the watch and waits for it.
 func (c *nodeCache) stop() {

@@ -1,10 +1,15 @@
 package ipam
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/util/watchlist"
 
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 )
@@ -46,5 +51,38 @@ func TestSlimPodKeepsWhatTheIPAMReads(t *testing.T) {
 	}
 	if w := (&cce.WorkloadEndpoint{}); slimPod(w) != any(w) {
 		t.Fatal("a non-pod must pass through unchanged")
+	}
+}
+
+// A node's pod watch starts with a list (served from the API server's
+// spec.nodeName index), never a streamed initial list (which walks every
+// pod of the cluster per node).
+func TestNodeCache_ListsThenWatches(t *testing.T) {
+	if !watchlist.DoesClientNotSupportWatchListSemantics(nodePodsListWatch(fake.NewClientset(), "n1")) {
+		t.Fatal("the node's ListWatch lets the reflector stream its initial list")
+	}
+	kube := fake.NewClientset(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "ns"}, Spec: corev1.PodSpec{NodeName: "n1"}})
+	c := startNodeCache(context.Background(), "n1", kube)
+	defer c.stop()
+	deadline := time.Now().Add(10 * time.Second)
+	for !c.synced() {
+		if time.Now().After(deadline) {
+			t.Fatal("the node cache did not sync")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var listed bool
+	for _, a := range kube.Actions() {
+		switch a := a.(type) {
+		case k8stesting.ListAction:
+			listed = listed || a.GetListRestrictions().Fields.String() == "spec.nodeName=n1"
+		case k8stesting.WatchAction:
+			if a.GetWatchRestrictions().Fields.String() != "spec.nodeName=n1" {
+				t.Errorf("watch with fields %q", a.GetWatchRestrictions().Fields)
+			}
+		}
+	}
+	if !listed {
+		t.Fatalf("no list of the node's pods; actions: %v", kube.Actions())
 	}
 }

@@ -98,6 +98,11 @@ func run(p bench.Profile, only []string, binDir, out, workDir string, log *slog.
 	cmd := "go run ./bench/cmd/bench " + strings.Join(os.Args[1:], " ")
 	if m := os.Getenv("BENCH_COMMAND"); m != "" {
 		cmd = m
+		// make exports a command-line BENCH_ARGS: the report names the
+		// exact command, a partial run's selection included.
+		if a := os.Getenv("BENCH_ARGS"); a != "" {
+			cmd += " BENCH_ARGS=" + strconv.Quote(a)
+		}
 	}
 	log.Info("bench", "profile", p.Name, "out", out, "logs", workDir)
 	err = bench.Run(ctx, bench.Config{Profile: p, BinDir: binDir, RepoRoot: root, WorkDir: workDir,

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -147,9 +148,10 @@ func buildDoc(cfg Config, res *results, path func(string) string) report.Doc {
 	mem := report.Section{Heading: "4. Memory per replica, 1 vs 3 replicas"}
 	mem.Paragraphs = append(mem.Paragraphs, "Fresh processes on the same settled cluster (every pod Running with its IP). "+
 		"Peak RSS is VmHWM from /proc at the end of a "+p.MemWindow.String()+" window after the start (the rebuild included); "+
-		"heap in use is the highest `go_memstats_heap_inuse_bytes` in that window. With 3 replicas, the largest of the three.")
+		"heap in use is the highest `go_memstats_heap_inuse_bytes` in that window. With 3 replicas, the largest of the three; "+
+		"the replicas' nodes (`cce_ipam_shard_owned_nodes` at the window's end) show how evenly the ring split the cluster.")
 	mt := report.Table{Header: []string{"cluster", "1 replica peak RSS", "3 replicas peak RSS (max)", "ratio",
-		"1 replica heap in use", "3 replicas heap in use (max)", "ratio"}}
+		"1 replica heap in use", "3 replicas heap in use (max)", "ratio", "3 replicas: nodes each"}}
 	cold := report.Section{Heading: "6. Cold start"}
 	cold.Paragraphs = append(cold.Paragraphs, "Every replica stopped, then N fresh replicas start at once; until every replica is "+
 		"ready, sees the others, and every node is served. Baseline: one replica alone on the same cluster.")
@@ -171,7 +173,7 @@ func buildDoc(cfg Config, res *results, path func(string) string) report.Doc {
 		heap1 := medianOf(one, func(c coldStart) float64 { return report.Max(c.heapInuse) })
 		heap3 := medianOf(three, func(c coldStart) float64 { return report.Max(c.heapInuse) })
 		mt.Rows = append(mt.Rows, []string{label, report.MiB(rss1), report.MiB(rss3), pct(rss3, rss1),
-			report.MiB(heap1), report.MiB(heap3), pct(heap3, heap1)})
+			report.MiB(heap1), report.MiB(heap3), pct(heap3, heap1), ownedSplit(three)})
 		summary.Rows = append(summary.Rows, []string{"4. memory per replica at 3 (peak RSS), " + label, "≤ 45 % of 1 replica",
 			pct(rss3, rss1), targetLine(100*rss3/rss1, 45, " points")})
 		summary.Rows = append(summary.Rows, []string{"4. memory per replica at 3 (heap in use), " + label, "≤ 45 % of 1 replica",
@@ -304,4 +306,26 @@ func eventsLine(evs []event) string {
 		parts = append(parts, e.name)
 	}
 	return strings.Join(parts, ", then ")
+}
+
+// ownedSplit lists, per start, the nodes each replica owned at the end of
+// the memory window, largest first ("348 / 330 / 322").
+func ownedSplit(cs []coldStart) string {
+	var starts []string
+	for _, c := range cs {
+		owned := slices.Clone(c.owned)
+		slices.Sort(owned)
+		slices.Reverse(owned)
+		var parts []string
+		for _, o := range owned {
+			parts = append(parts, report.Num(o, 0))
+		}
+		if len(parts) > 0 {
+			starts = append(starts, strings.Join(parts, " / "))
+		}
+	}
+	if len(starts) == 0 {
+		return "n/a"
+	}
+	return strings.Join(starts, "; ")
 }

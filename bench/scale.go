@@ -22,8 +22,9 @@ type coldStart struct {
 	took     time.Duration // start until every node is served
 	calls    map[bcesim.Op]int64
 	total    int64
-	// Memory per replica, sampled for MemWindow after the start.
-	peakRSS, heapInuse []float64
+	// Memory per replica, sampled for MemWindow after the start, and the
+	// nodes each replica owned at its end (the memory follows the share).
+	peakRSS, heapInuse, owned []float64
 }
 
 // scaleResult is items 3, 4 and 6 for one cluster size.
@@ -194,10 +195,15 @@ func (e *env) coldStart(ctx context.Context, n int) (coldStart, error) {
 	sleep(ctx, e.cfg.Profile.MemWindow)
 	peak := map[int]float64{}
 	heap := map[int]float64{}
+	owned := map[int]float64{}
+	ownedAt := map[int]time.Time{}
 	for _, sm := range e.smp.window(start, time.Now()) {
 		peak[sm.replica] = max(peak[sm.replica], sm.hwm)
 		if !sm.at.Before(from) {
 			heap[sm.replica] = max(heap[sm.replica], sm.heapInuse)
+		}
+		if !sm.down && !sm.at.Before(ownedAt[sm.replica]) {
+			owned[sm.replica], ownedAt[sm.replica] = sm.owned, sm.at
 		}
 	}
 	e.saveHeapProfiles(ctx, n)
@@ -206,6 +212,7 @@ func (e *env) coldStart(ctx context.Context, n int) (coldStart, error) {
 		hwm, _ := procMem(r.PID())
 		c.peakRSS = append(c.peakRSS, max(peak[r.Index()], hwm))
 		c.heapInuse = append(c.heapInuse, heap[r.Index()])
+		c.owned = append(c.owned, owned[r.Index()])
 	}
 	return c, ctx.Err()
 }

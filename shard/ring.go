@@ -17,10 +17,10 @@ type RingConfig struct {
 	// spreads keys evenly. Defaults to 271. Changing it moves most nodes.
 	Partitions int
 	// ReplicationFactor is the number of virtual points per member.
-	// Defaults to 40.
+	// Defaults to 200.
 	ReplicationFactor int
 	// Load bounds a member's share at Load × the average (bounded-load
-	// consistent hashing). Defaults to 1.25; must be at least 1.
+	// consistent hashing). Defaults to 1.05; must be above 1.
 	Load float64
 }
 
@@ -28,11 +28,18 @@ func (c RingConfig) withDefaults() RingConfig {
 	if c.Partitions == 0 {
 		c.Partitions = 271
 	}
+	// A tight bound and many virtual points keep the replicas' shares even:
+	// the busiest replica serves the most nodes and, with an equal split of
+	// the BCE budget, has the least budget per node. Over random member names
+	// the largest of 3 shares of 1,000 nodes averages 1.07× the mean (worst
+	// 1.16×) with these values, 1.16× (worst 1.37×) with 40 points and 1.25;
+	// the price, partitions of surviving members moved by a join or leave,
+	// stays near 1 % (shard/ring_test.go).
 	if c.ReplicationFactor == 0 {
-		c.ReplicationFactor = 40
+		c.ReplicationFactor = 200
 	}
 	if c.Load == 0 {
-		c.Load = 1.25
+		c.Load = 1.05
 	}
 	return c
 }
@@ -46,8 +53,10 @@ func (c RingConfig) Validate() error {
 		return fmt.Errorf("ring: partition count %d must be a prime", c.Partitions)
 	case c.ReplicationFactor < 1:
 		return fmt.Errorf("ring: replication factor %d must be positive", c.ReplicationFactor)
-	case c.Load < 1:
-		return fmt.Errorf("ring: load %.2f must be at least 1 or partitions cannot all be placed", c.Load)
+	case c.Load <= 1:
+		// consistent rounds the average down: at exactly 1 the bounds
+		// add up to fewer than the partitions and it panics.
+		return fmt.Errorf("ring: load %.2f must be above 1 or partitions cannot all be placed", c.Load)
 	}
 	return nil
 }

@@ -147,6 +147,47 @@ func TestRing_OwnerSpreadsNodes(t *testing.T) {
 	}
 }
 
+// The busiest replica sets the cluster's pace (and, with the budget split
+// equally, has the least budget per node), so the defaults must spread nodes
+// evenly over any member names, which carry a random suffix per process. The
+// bounds fail with the earlier defaults (40 points, load 1.25: mean 1.16×,
+// worst 1.37× over these names).
+func TestRing_DefaultsBalanceNodes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	nodeNames := make([]string, 1000)
+	for i := range nodeNames {
+		nodeNames[i] = fmt.Sprintf("bench-%05d", i)
+	}
+	const trials, members = 100, 3
+	var sum, worst float64
+	for range trials {
+		ms := make([]string, members)
+		for k := range ms {
+			ms[k] = fmt.Sprintf("cce-ipam-%d-%08x", k, rng.Uint32())
+		}
+		r, err := NewRing(RingConfig{}, ms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := map[string]int{}
+		for _, n := range nodeNames {
+			per[r.Owner(n)]++
+		}
+		largest := 0
+		for _, c := range per {
+			largest = max(largest, c)
+		}
+		share := float64(largest) / (float64(len(nodeNames)) / members) // 1 = perfectly even
+		sum += share
+		worst = max(worst, share)
+	}
+	mean := sum / trials
+	t.Logf("largest of %d shares over %d member sets: mean %.3f×, worst %.3f× the even share", members, trials, mean, worst)
+	if mean > 1.10 || worst > 1.25 {
+		t.Fatalf("largest share mean %.3f× (want ≤ 1.10×), worst %.3f× (want ≤ 1.25×) the even share", mean, worst)
+	}
+}
+
 func TestNewRing_BadInput(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -158,7 +199,9 @@ func TestNewRing_BadInput(t *testing.T) {
 		{"empty name", RingConfig{}, []string{"a", ""}, "empty member"},
 		{"duplicate", RingConfig{}, []string{"a", "b", "a"}, "twice"},
 		{"not prime", RingConfig{Partitions: 100}, []string{"a"}, "prime"},
-		{"load below 1", RingConfig{Load: 0.5}, []string{"a"}, "at least 1"},
+		{"load below 1", RingConfig{Load: 0.5}, []string{"a"}, "above 1"},
+		// consistent.New would panic: 3 × ⌈90 × 1⌉ < 271.
+		{"load exactly 1", RingConfig{Load: 1}, []string{"a", "b", "c"}, "above 1"},
 		{"negative replication", RingConfig{ReplicationFactor: -1}, []string{"a"}, "replication"},
 	}
 	for _, tc := range cases {

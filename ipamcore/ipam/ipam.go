@@ -140,9 +140,10 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 	// No periodic resync: every decision re-reads what it needs, and the
 	// pool workers have their own ticker. Cluster-wide informers only for
 	// what every replica needs whole (nodes for the ring, StatefulSets and
-	// Subnets, few and small); pods are watched per served node (nodeCache),
-	// WorkloadEndpoints read live, so memory follows the replica's share.
-	i.kubeInformers = informers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, informers.WithTransform(stripManagedFieldsTransform))
+	// Subnets, few and small, slimmed to what is read); pods are watched per
+	// served node (nodeCache), WorkloadEndpoints read live, so memory follows
+	// the replica's share.
+	i.kubeInformers = informers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, informers.WithTransform(slimClusterObject))
 	i.cceInformers = cceinformers.NewSharedInformerFactoryWithOptions(deps.CCE, 0, cceinformers.WithTransform(stripManagedFieldsTransform))
 	i.nodes = i.kubeInformers.Core().V1().Nodes().Lister()
 	i.statefulSets = i.kubeInformers.Apps().V1().StatefulSets().Lister()

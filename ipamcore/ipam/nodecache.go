@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -158,3 +159,24 @@ func stripManagedFields(obj any) any {
 }
 
 func stripManagedFieldsTransform(obj any) (any, error) { return stripManagedFields(obj), nil }
+
+// slimClusterObject is the transform of the Node and StatefulSet informers,
+// whose caches every replica holds whole whatever its share: it keeps what
+// the IPAM and the shard layer read and drops the rest. Of a Node: its
+// metadata (the capacity annotations, labels) and spec (the provider ID);
+// its status (images, conditions, volumes: most of a real node's size) is
+// never read. Of a StatefulSet: its metadata and spec.replicas (the fixed-IP
+// GC's scale-down check); its pod template is never read.
+func slimClusterObject(obj any) (any, error) {
+	obj = stripManagedFields(obj)
+	switch o := obj.(type) {
+	case *corev1.Node:
+		o.Status = corev1.NodeStatus{}
+		delete(o.Annotations, corev1.LastAppliedConfigAnnotation)
+	case *appsv1.StatefulSet:
+		o.Spec = appsv1.StatefulSetSpec{Replicas: o.Spec.Replicas}
+		o.Status = appsv1.StatefulSetStatus{}
+		delete(o.Annotations, corev1.LastAppliedConfigAnnotation)
+	}
+	return obj, nil
+}

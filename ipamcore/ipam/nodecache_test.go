@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -51,6 +52,67 @@ func TestSlimPodKeepsWhatTheIPAMReads(t *testing.T) {
 	}
 	if w := (&cce.WorkloadEndpoint{}); slimPod(w) != any(w) {
 		t.Fatal("a non-pod must pass through unchanged")
+	}
+}
+
+// Every replica caches all Nodes and StatefulSets: what rebuild, createENI,
+// the ring and the fixed-IP GC read must survive the transform, the bulk
+// must not.
+func TestSlimClusterObjectKeepsWhatIsRead(t *testing.T) {
+	now := metav1.Now()
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "n1", UID: "u-n1", ResourceVersion: "7", DeletionTimestamp: &now,
+			Labels: map[string]string{"topology.kubernetes.io/zone": "zoneA"},
+			Annotations: map[string]string{
+				cce.AnnotationMaxIPPerENI:          "8",
+				corev1.LastAppliedConfigAnnotation: "{...}",
+			},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}},
+		},
+		Spec: corev1.NodeSpec{ProviderID: "cce://i-1", Unschedulable: true},
+		Status: corev1.NodeStatus{
+			Images:     []corev1.ContainerImage{{Names: []string{"registry/app:v1"}, SizeBytes: 1 << 30}},
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}},
+		},
+	}
+	out, err := slimClusterObject(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := out.(*corev1.Node)
+	if n.Name != "n1" || n.UID != "u-n1" || n.ResourceVersion != "7" || n.DeletionTimestamp == nil ||
+		n.Spec.ProviderID != "cce://i-1" || !n.Spec.Unschedulable || n.Labels["topology.kubernetes.io/zone"] != "zoneA" ||
+		n.Annotations[cce.AnnotationMaxIPPerENI] != "8" {
+		t.Fatalf("node lost what is read: %+v", n)
+	}
+	if n.Status.Images != nil || n.Status.Conditions != nil || n.ManagedFields != nil || len(n.Annotations) != 1 {
+		t.Fatalf("node bulk kept: %+v", n)
+	}
+
+	replicas := int32(3)
+	sts := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}},
+		Spec: appsv1.StatefulSetSpec{Replicas: &replicas, Template: corev1.PodTemplateSpec{
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "app"}}}}},
+		Status: appsv1.StatefulSetStatus{Replicas: 3},
+	}
+	out, _ = slimClusterObject(sts)
+	s := out.(*appsv1.StatefulSet)
+	if s.Name != "web" || s.Namespace != "ns" || s.Spec.Replicas == nil || *s.Spec.Replicas != 3 {
+		t.Fatalf("statefulset lost what is read: %+v", s)
+	}
+	if s.Spec.Template.Spec.Containers != nil || s.Status.Replicas != 0 || s.ManagedFields != nil {
+		t.Fatalf("statefulset bulk kept: %+v", s)
+	}
+
+	// Anything else passes through, managed fields stripped.
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{ManagedFields: []metav1.ManagedFieldsEntry{{}}}, Data: map[string]string{"k": "v"}}
+	if out, _ := slimClusterObject(cm); out != any(cm) || cm.ManagedFields != nil || cm.Data["k"] != "v" {
+		t.Fatalf("other object: %+v", out)
+	}
+	if out, err := slimClusterObject("not an object"); err != nil || out != "not an object" {
+		t.Fatalf("non-object: %v, %v", out, err)
 	}
 }
 

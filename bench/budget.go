@@ -44,6 +44,9 @@ const budgetWorkers = 24
 // one replica get churn while the others idle.
 func (e *env) runBudget(ctx context.Context, nodes []string) (*budgetResult, error) {
 	p := e.cfg.Profile
+	if err := e.atLeastReplicas(ctx, 3); err != nil {
+		return nil, err
+	}
 	res := &budgetResult{}
 	e.setPhaseArgs("--batch-add-ip-num", "1", "--idle-ip-pool-min-size", "1", "--idle-ip-pool-max-size", "1")
 	defer e.setPhaseArgs()

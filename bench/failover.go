@@ -49,6 +49,9 @@ const recoveryTimeout = 90 * time.Second
 // ADD starts right at the kill and is retried until it succeeds.
 func (e *env) runFailover(ctx context.Context, nodes []string) (*failoverResult, error) {
 	p := e.cfg.Profile
+	if err := e.atLeastReplicas(ctx, 3); err != nil {
+		return nil, err
+	}
 	res := &failoverResult{start: time.Now()}
 	ch := e.startChurn(ctx, p.ChurnWorkers, func() []string { return nodes }, 1)
 	defer func() {

@@ -129,3 +129,21 @@ func writeReport(cfg Config, res *results) error {
 	doc := buildDoc(cfg, res, func(file string) string { return filepath.Join(dir, file) })
 	return report.Write(filepath.Join(dir, name), doc)
 }
+
+// atLeastReplicas adds replicas until n run: the failover and budget items
+// need three, which the latency item adds in a full run but a partial run
+// (--items) may have skipped.
+func (e *env) atLeastReplicas(ctx context.Context, n int) error {
+	added := false
+	for len(e.running()) < n {
+		if _, err := e.f.AddReplica(ctx); err != nil {
+			return err
+		}
+		added = true
+	}
+	if added {
+		_, err := e.settle(ctx, len(e.f.Nodes()), 3*time.Minute)
+		return err
+	}
+	return nil
+}

@@ -159,6 +159,7 @@ func (c *Client) redact(s string) string {
 // back off with jitter and try again (up to ThrottleRetries). Every attempt
 // is timed and counted; the final result is counted once by class.
 func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet) error) error {
+	throttled := false // the last attempt was answered RateLimit
 	for attempt := 0; ; attempt++ {
 		if err := c.gateErr(); err != nil {
 			c.m.calls.WithLabelValues(op, ClassCanceled.String()).Inc()
@@ -166,7 +167,13 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 		}
 		var waited time.Duration
 		var err error
-		if ol := c.opLimits[op]; ol != nil {
+		// A retry after RateLimit takes no second token of the operation's
+		// own limit: BCE did not count the rejected call, and the backoff
+		// already spaced the retry by the operation's cluster-wide interval.
+		// (Waiting for a token of this replica's share too, a third of the
+		// rate with three replicas, kept a takeover's ENI list, which
+		// collides with the other survivors', 2-3 s behind theirs.)
+		if ol := c.opLimits[op]; ol != nil && !throttled {
 			if ctx.Value(noWaitKey{}) != nil {
 				if !ol.TryTake() {
 					c.m.calls.WithLabelValues(op, ClassCanceled.String()).Inc()
@@ -204,7 +211,8 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 		if e.Class == ClassRateLimit {
 			c.m.throttled.WithLabelValues(op).Inc()
 			if attempt < c.cfg.ThrottleRetries {
-				backoff := time.Duration(float64(c.cfg.ThrottleBackoff) * (1 + 5*rand.Float64()))
+				backoff := c.throttleBackoff(op)
+				throttled = true
 				c.log.Debug("bce throttled, backing off", "op", op, "resource", resource, "attempt", attempt+1, "backoff", backoff)
 				if sleepCtx(ctx, backoff) == nil {
 					continue
@@ -215,6 +223,18 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 		c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
 		return e
 	}
+}
+
+// throttleBackoff is the jittered wait before retrying a call BCE answered
+// RateLimit: ThrottleBackoff × [1, 6), and for an operation with a
+// cluster-wide limit at least its interval × [1, 1.5), since BCE's bucket for
+// it refills no sooner (ListENIs: 1/s).
+func (c *Client) throttleBackoff(op string) time.Duration {
+	d := time.Duration(float64(c.cfg.ThrottleBackoff) * (1 + 5*rand.Float64()))
+	if l, ok := c.cfg.OpLimits[op]; ok && l.Rate > 0 {
+		d = max(d, time.Duration(float64(time.Second)/l.Rate*(1+0.5*rand.Float64())))
+	}
+	return d
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

@@ -60,3 +60,48 @@ func TestOpLimits_ScaleWithShare(t *testing.T) {
 		t.Fatalf("ListENIs share = %v/%v, want 0.025/s burst 1 (a quarter; never below one token)", r, b)
 	}
 }
+
+// Two replicas list ENIs at once (a failover's survivors do): BCE takes one
+// and answers the other RateLimit. The throttled call is retried once BCE's
+// bucket for the operation can have refilled, without first waiting for a
+// second token of this replica's share of the operation (here 20 s away), so
+// it completes within its deadline.
+func TestThrottledRetry_TakesNoSecondOpToken(t *testing.T) {
+	e := newEnv(t, envOpts{
+		sim: bcesim.Config{RateLimits: map[bcesim.Op]bcesim.RateLimit{bcesim.OpListENIs: {QPS: 5, Burst: 1}}},
+		client: cloud.Config{ThrottleRetries: 3,
+			OpLimits: map[string]cloud.OpLimit{"ListENIs": {Rate: 5, Burst: 1}}},
+	})
+	ctx := context.Background()
+	if err := e.client.SetOpShare(0.01); err != nil { // one token per 20 s for this replica
+		t.Fatal(err)
+	}
+	other, err := cloud.New(cloud.Config{Endpoint: e.srv.URL(), AccessKeyID: testAK, SecretAccessKey: testSK,
+		Rate: 100, Burst: 100, SDKRetryBase: time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC}); err != nil {
+		t.Fatal(err)
+	}
+	// bce-sim's bucket runs on the test's clock: refill it once our first
+	// attempt has been turned away (the retry comes ≥ 200 ms later).
+	refilled := make(chan struct{})
+	go func() {
+		defer close(refilled)
+		for e.srv.Stats().Ops[bcesim.OpListENIs].Throttled == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		e.clock.Advance(time.Second)
+	}()
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := e.client.ListENIs(short, cloud.ListENIsOptions{VPCID: testVPC}); err != nil {
+		t.Fatalf("throttled ListENIs: %v, want it retried and served", err)
+	}
+	<-refilled
+	if n := metricValue(t, e.reg, "cce_ipam_cloud_api_throttled_total", "operation", "ListENIs"); n < 1 {
+		t.Fatalf("throttled_total = %v: the first attempt was not turned away, the test proves nothing", n)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -130,6 +131,7 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	restCfg.WarningHandler = &warnOnce{log: log}
 	grpcLis, err := net.Listen("tcp", o.grpcListen)
 	if err != nil {
 		return fmt.Errorf("listen for gRPC: %w", err)
@@ -356,6 +358,38 @@ func ownConnection(cfg *rest.Config) *rest.Config {
 	c := rest.CopyConfig(cfg)
 	c.Dial = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	return c
+}
+
+// warnOnce logs each distinct API server warning once, in the JSON log: the
+// server repeats a warning on every request it applies to (the upstream's
+// finalizer name on every WorkloadEndpoint create), which client-go's
+// default handler writes to klog each time.
+type warnOnce struct {
+	log  *slog.Logger
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+// warnOnceMax bounds the distinct warnings remembered; past it each is
+// logged every time rather than the memory growing.
+const warnOnceMax = 256
+
+func (w *warnOnce) HandleWarningHeader(code int, agent, text string) {
+	if code != 299 || text == "" {
+		return
+	}
+	w.mu.Lock()
+	if w.seen == nil {
+		w.seen = map[string]bool{}
+	}
+	dup := w.seen[text]
+	if !dup && len(w.seen) < warnOnceMax {
+		w.seen[text] = true
+	}
+	w.mu.Unlock()
+	if !dup {
+		w.log.Warn("kube-apiserver warning (logged once)", "warning", text, "agent", agent)
+	}
 }
 
 func kubeConfig(path string) (*rest.Config, error) {

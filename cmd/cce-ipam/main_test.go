@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"encoding/pem"
+	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -49,5 +53,27 @@ func TestOwnConnection_DialsItsOwnConnection(t *testing.T) {
 	call(ownConnection(base))
 	if n := conns.Load(); n != 2 {
 		t.Fatalf("after a client of ownConnection: %d connections, want 2", n)
+	}
+}
+
+// The API server repeats a warning on every request it applies to; the log
+// gets each distinct one once, and the memory of them stays bounded.
+func TestWarnOnce_LogsEachWarningOnce(t *testing.T) {
+	var buf bytes.Buffer
+	w := &warnOnce{log: slog.New(slog.NewJSONHandler(&buf, nil))}
+	for range 3 {
+		w.HandleWarningHeader(299, "-", `metadata.finalizers: "cce-cni.cce.io": prefer a domain-qualified finalizer name`)
+	}
+	w.HandleWarningHeader(299, "-", "another warning")
+	w.HandleWarningHeader(199, "-", "not a warning code")
+	w.HandleWarningHeader(299, "-", "")
+	if n := strings.Count(buf.String(), "\n"); n != 2 {
+		t.Fatalf("%d lines logged, want 2 (one per distinct warning):\n%s", n, buf.String())
+	}
+	for i := range warnOnceMax + 10 {
+		w.HandleWarningHeader(299, "-", fmt.Sprint("w", i))
+	}
+	if len(w.seen) > warnOnceMax {
+		t.Fatalf("%d warnings remembered, bound is %d", len(w.seen), warnOnceMax)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/cce-ipam/sharded/bench/report"
-	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 )
 
@@ -93,11 +92,18 @@ func (e *env) runScale(ctx context.Context, s Scale, filled map[string]bool) (*s
 	for range filled {
 		res.pods += s.PodsPerNode
 	}
-	enis, err := e.f.Cloud.ListENIs(ctx, cloud.ListENIsOptions{VPCID: e.f.VPCID})
+	// Counted from bce-sim's world (its admin API): a ListENIs here would
+	// compete with the replicas' for the operation's 1/s and be counted as
+	// one of their BCE calls (a 3,000-node run failed on its 429).
+	world, err := e.f.SimWorld(ctx)
 	if err != nil {
 		return nil, err
 	}
-	res.enis = len(enis)
+	for _, eni := range world.ENIs {
+		if eni.VPCID == e.f.VPCID {
+			res.enis++
+		}
+	}
 	sleep(ctx, 10*time.Second) // pools settle after the fill
 
 	for rep := range p.ColdRepeats {

@@ -13,7 +13,9 @@
 // and hands it to the IPAM as a cloud.Provider. Every call first takes a token
 // from one client-side bucket; the shard layer calls c.SetRate(share, burst)
 // whenever this replica's share of the global BCE budget changes. A call BCE
-// throttles (RateLimit) is retried after a jittered backoff, and each mutation
+// throttles (RateLimit) is retried after a jittered backoff (at least the
+// operation's cluster-wide interval, without a second token of its
+// per-operation share: BCE did not count the rejected call), and each mutation
 // carries a fresh clientToken so the SDK's own retry after a 5xx cannot apply
 // it twice.
 //

@@ -165,12 +165,7 @@ func (e *env) runLatency(ctx context.Context, nodes []string) (*latencyResult, e
 		return nil, err
 	}
 	e.log.Info("adding two replicas")
-	for range 2 {
-		if _, err := e.f.AddReplica(ctx); err != nil {
-			return nil, err
-		}
-	}
-	if _, err := e.settle(ctx, len(e.f.Nodes()), 3*time.Minute); err != nil {
+	if err := e.atLeastReplicas(ctx, 3); err != nil {
 		return nil, err
 	}
 	fwd0 := e.sumMetric(ctx, "cce_ipam_shard_forwarded_requests_total")

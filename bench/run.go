@@ -130,9 +130,9 @@ func writeReport(cfg Config, res *results) error {
 	return report.Write(filepath.Join(dir, name), doc)
 }
 
-// atLeastReplicas adds replicas until n run: the failover and budget items
-// need three, which the latency item adds in a full run but a partial run
-// (--items) may have skipped.
+// atLeastReplicas adds replicas until n run and the cluster settles: the
+// latency item grows to three this way, and the failover and budget items
+// make sure of three when a partial run (--items) skipped it.
 func (e *env) atLeastReplicas(ctx context.Context, n int) error {
 	added := false
 	for len(e.running()) < n {

@@ -87,16 +87,19 @@ func TestThrottledRetry_TakesNoSecondOpToken(t *testing.T) {
 	}
 	// bce-sim's bucket runs on the test's clock: refill it once our first
 	// attempt has been turned away (the retry comes ≥ 200 ms later).
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	refilled := make(chan struct{})
 	go func() {
 		defer close(refilled)
 		for e.srv.Stats().Ops[bcesim.OpListENIs].Throttled == 0 {
+			if short.Err() != nil {
+				return // never turned away: the check below fails the test
+			}
 			time.Sleep(time.Millisecond)
 		}
 		e.clock.Advance(time.Second)
 	}()
-	short, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
 	if _, err := e.client.ListENIs(short, cloud.ListENIsOptions{VPCID: testVPC}); err != nil {
 		t.Fatalf("throttled ListENIs: %v, want it retried and served", err)
 	}

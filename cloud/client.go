@@ -304,12 +304,14 @@ func (c *Client) ListENIs(ctx context.Context, opts ListENIsOptions) ([]ENI, err
 			return nil, err
 		}
 		for i := range res.Eni {
-			e := fromSDKENI(&res.Eni[i])
+			r := &res.Eni[i]
 			// BCE matches the name loosely and a single address by suffix:
 			// keep exactly what was asked for.
-			if !strings.HasPrefix(e.Name, opts.NamePrefix) || (opts.InstanceID != "" && e.InstanceID != opts.InstanceID) {
+			if !strings.HasPrefix(r.Name, opts.NamePrefix) || (opts.InstanceID != "" && r.InstanceId != opts.InstanceID) ||
+				(opts.Instances != nil && r.InstanceId != "" && !opts.Instances[r.InstanceId]) {
 				continue
 			}
+			e := fromSDKENI(r)
 			if len(want) > 0 && !holdsAny(&e, want) {
 				continue
 			}

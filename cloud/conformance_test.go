@@ -277,3 +277,43 @@ func TestConformance_ContextCancelsInFlightCall(t *testing.T) {
 		t.Fatalf("want a canceled error wrapping DeadlineExceeded, got %v", err)
 	}
 }
+
+// A replica lists the VPC but keeps only its own instances' ENIs, plus the
+// unattached ones (the leak sweep's), across pages.
+func TestConformance_ListENIsKeepsOnlyTheGivenInstances(t *testing.T) {
+	e := newEnv(t, envOpts{sim: bcesim.Config{PageSize: 2}})
+	ctx := context.Background()
+	other, err := e.srv.AddInstance(bcesim.InstanceSpec{ID: "i-other", SubnetID: e.subnet, CPUCount: 16, MemoryGB: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := createENI(t, e, "c-1/i-128g/node-a/000000", e.subnet)
+	attach(t, e, mine, e.i128g)
+	theirs := createENI(t, e, "c-1/i-other/node-b/000000", e.subnet)
+	attach(t, e, theirs, other)
+	loose := createENI(t, e, "c-1/i-gone/node-c/000000", e.subnet)
+	e.clock.Advance(5 * time.Second)
+
+	got, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC, NamePrefix: "c-1/", Instances: map[string]bool{e.i128g: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, x := range got {
+		ids = append(ids, x.ID)
+		if x.ID == mine && (x.InstanceID != e.i128g || len(x.PrivateIPs) != 1) {
+			t.Errorf("kept ENI converted wrongly: %+v", x)
+		}
+	}
+	if want := []string{mine, loose}; !slices.Equal(sorted(ids), sorted(want)) {
+		t.Fatalf("listed %v, want %v (ours and the unattached one, not %s)", ids, want, theirs)
+	}
+	none, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC, NamePrefix: "c-1/", Instances: map[string]bool{}})
+	if err != nil || len(none) != 1 || none[0].ID != loose {
+		t.Fatalf("no instances: %v %v, want only the unattached %s", none, err, loose)
+	}
+	all, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC, NamePrefix: "c-1/"})
+	if err != nil || len(all) != 3 {
+		t.Fatalf("nil Instances filters nothing: %d ENIs, %v", len(all), err)
+	}
+}

@@ -100,7 +100,7 @@ func newClientToken() string {
 func fromSDKENI(e *eni.Eni) ENI {
 	out := ENI{ID: e.EniId, Name: e.Name, Description: e.Description, ZoneName: e.ZoneName, InstanceID: e.InstanceId,
 		MACAddress: e.MacAddress, VPCID: e.VpcId, SubnetID: e.SubnetId, Status: ENIStatus(e.Status),
-		SecurityGroupIDs: append([]string(nil), e.SecurityGroupIds...)}
+		SecurityGroupIDs: append([]string(nil), e.SecurityGroupIds...), PrivateIPs: make([]PrivateIP, 0, len(e.PrivateIpSet))}
 	if t, err := time.Parse(time.RFC3339, e.CreatedTime); err == nil {
 		out.CreatedTime = t
 	}

@@ -218,8 +218,21 @@ func (i *IPAM) syncLoop(ctx context.Context) {
 // 1000 ENIs instead of one per node) and, for every served node, adopts new
 // in-use ENIs, drops vanished ones, keeps the node's IPPool status current
 // (writing only when it changed) and deletes leaked unattached ENIs.
+//
+// The list keeps only the served nodes' ENIs (and unattached ones), so a
+// replica holds its share of the VPC's ENIs, not all of them; a node served
+// after the list was taken waits for the next sync (its rebuild read a
+// fresher list anyway).
 func (i *IPAM) SyncENIs(ctx context.Context) error {
-	enis, err := i.deps.Cloud.ListENIs(ctx, cloud.ListENIsOptions{VPCID: i.cfg.VPCID, NamePrefix: i.cfg.ClusterID + "/"})
+	served := i.ServedNodes()
+	instances := make(map[string]bool, len(served))
+	for _, name := range served {
+		if n, ok := i.node(name); ok {
+			instances[n.instanceID] = true
+		}
+	}
+	enis, err := i.deps.Cloud.ListENIs(ctx, cloud.ListENIsOptions{VPCID: i.cfg.VPCID, NamePrefix: i.cfg.ClusterID + "/",
+		Instances: instances})
 	if err != nil {
 		return fmt.Errorf("list ENIs: %w", err)
 	}
@@ -230,7 +243,7 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 		}
 	}
 	now := i.deps.Clock.Now()
-	for _, name := range i.ServedNodes() {
+	for _, name := range served {
 		n, ok := i.node(name)
 		if !ok || i.mayAct(name) != nil {
 			continue

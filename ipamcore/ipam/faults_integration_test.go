@@ -3,11 +3,16 @@
 package ipam_test
 
 import (
+	"context"
 	"errors"
+	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cce-ipam/sharded/cloud"
@@ -243,5 +248,83 @@ func TestIPAM_SyncDropsVanishedENIAfterTwoMisses(t *testing.T) {
 	}
 	if n := len(e.stats(node).ENIs); n != 0 {
 		t.Fatalf("two missed syncs kept the vanished ENI (%d left)", n)
+	}
+}
+
+// listRecorder is the real cloud client, remembering which instances the
+// ENIs of each ListENIs answer were attached to.
+type listRecorder struct {
+	cloud.Provider
+	mu    sync.Mutex
+	lists [][]string
+}
+
+func (r *listRecorder) ListENIs(ctx context.Context, opts cloud.ListENIsOptions) ([]cloud.ENI, error) {
+	enis, err := r.Provider.ListENIs(ctx, opts)
+	var got []string
+	for _, e := range enis {
+		got = append(got, e.InstanceID)
+	}
+	r.mu.Lock()
+	r.lists = append(r.lists, got)
+	r.mu.Unlock()
+	return enis, err
+}
+
+func (r *listRecorder) last() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lists[len(r.lists)-1]
+}
+
+// A replica serving one node of three keeps only that node's ENIs from the
+// VPC-wide lists (takeover and sync), so its memory follows its share; the
+// other nodes' ENIs are not adopted, and the served node's new ENI is.
+func TestIPAM_ListsKeepOnlyServedNodesENIs(t *testing.T) {
+	e := newEnv(t, "sh", 3, ipam.Config{IdleMin: 1, PoolCheckPeriod: time.Hour})
+	e.stop() // the env's IPAM serves every node; this test runs its own
+	rec := &listRecorder{Provider: e.cloud}
+	ip, err := ipam.New(e.cfg, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: rec}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	runErr := make(chan error, 1)
+	go func() { runErr <- ip.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Errorf("ipam Run: %v", err)
+		}
+	})
+	mine := e.nodes[0]
+	if err := ip.ServeNode(ctx, mine); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.last(); !slices.Equal(got, []string{e.instance[mine]}) {
+		t.Fatalf("takeover list kept ENIs of instances %v, want only %s's", got, e.instance[mine])
+	}
+
+	// A second ENI attached to the served node out of band is adopted; one
+	// attached to an unserved node's instance is not even kept.
+	extra, err := e.cloud.CreateENI(ctx, cloud.CreateENIRequest{Name: testCluster + "/" + e.instance[mine] + "/" + mine + "/extra0", SubnetID: "sbn-sh", SecurityGroupIDs: []string{"g-sh"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cloud.AttachENI(ctx, extra, e.instance[mine]); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "extra ENI in use", func() bool {
+		got, err := e.cloud.GetENI(ctx, extra)
+		return err == nil && got.Status == cloud.ENIStatusInUse
+	})
+	if err := ip.SyncENIs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.last(); !slices.Equal(got, []string{e.instance[mine], e.instance[mine]}) {
+		t.Fatalf("sync list kept ENIs of instances %v, want only %s's two", got, e.instance[mine])
+	}
+	if st, err := ip.Stats(mine); err != nil || len(st.ENIs) != 2 {
+		t.Fatalf("served node has %d ENIs after the sync (%v), want 2", len(st.ENIs), err)
 	}
 }

@@ -280,3 +280,23 @@ func (i *IPAM) subnetCIDR(ctx context.Context, subnetID string) (netip.Prefix, e
 	}
 	return netip.ParsePrefix(cidr)
 }
+
+// instancesOf returns the instances of the named nodes from the node cache,
+// to keep only their ENIs from a VPC-wide list; nil (keep every ENI) when a
+// node is not cached or has no usable providerID, for rebuild then reads
+// the node from the API server and must find its ENIs in the list.
+func (i *IPAM) instancesOf(names []string) map[string]bool {
+	out := make(map[string]bool, len(names))
+	for _, name := range names {
+		k8sNode, err := i.nodes.Get(name)
+		if err != nil {
+			return nil
+		}
+		id, err := instanceIDFromProviderID(k8sNode.Spec.ProviderID)
+		if err != nil {
+			return nil
+		}
+		out[id] = true
+	}
+	return out
+}

@@ -19,8 +19,9 @@ type sample struct {
 	replica int
 	// From /metrics.
 	owned, budgetRate, budgetBurst, failEvents, heapInuse, rss float64
-	// From /proc/<pid>/status: peak and current resident set, bytes.
-	hwm, vmRSS float64
+	// From /proc/<pid>/status: peak and current resident set, and the
+	// current anonymous part of it (without the binary's mapped pages), bytes.
+	hwm, vmRSS, rssAnon float64
 	// down: the replica's process was not running.
 	down bool
 }
@@ -109,38 +110,43 @@ func scrape(ctx context.Context, r *fleet.Replica) (sample, bool) {
 		heapInuse:   get("go_memstats_heap_inuse_bytes", nil),
 		rss:         get("process_resident_memory_bytes", nil),
 	}
-	sm.hwm, sm.vmRSS = procMem(r.PID())
+	sm.hwm, sm.vmRSS, sm.rssAnon = procMem(r.PID())
 	return sm, true
 }
 
-// procMem reads VmHWM and VmRSS of pid in bytes (0 when unreadable).
-func procMem(pid int) (hwm, rss float64) {
+// procMem reads VmHWM, VmRSS and RssAnon of pid in bytes (0 when unreadable).
+func procMem(pid int) (hwm, rss, anon float64) {
 	if pid == 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
 	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		return 0, 0
+		return 0, 0, 0
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok || (k != "VmHWM" && k != "VmRSS") {
+		if !ok {
 			continue
 		}
-		fs := strings.Fields(v)
-		if len(fs) == 0 {
+		var dst *float64
+		switch k {
+		case "VmHWM":
+			dst = &hwm
+		case "VmRSS":
+			dst = &rss
+		case "RssAnon":
+			dst = &anon
+		default:
 			continue
 		}
-		kb, _ := strconv.ParseFloat(fs[0], 64)
-		if k == "VmHWM" {
-			hwm = kb * 1024
-		} else {
-			rss = kb * 1024
+		if fs := strings.Fields(v); len(fs) > 0 {
+			kb, _ := strconv.ParseFloat(fs[0], 64)
+			*dst = kb * 1024
 		}
 	}
-	return hwm, rss
+	return hwm, rss, anon
 }
 
 // window returns the samples taken in [from, to].

@@ -24,6 +24,9 @@ type coldStart struct {
 	// Memory per replica, sampled for MemWindow after the start, and the
 	// nodes each replica owned at its end (the memory follows the share).
 	peakRSS, heapInuse, owned []float64
+	// anonRSS is the highest sampled RssAnon: the resident set without the
+	// binary's mapped pages, which every process pays whatever its share.
+	anonRSS []float64
 }
 
 // scaleResult is items 3, 4 and 6 for one cluster size.
@@ -201,10 +204,12 @@ func (e *env) coldStart(ctx context.Context, n int) (coldStart, error) {
 	sleep(ctx, e.cfg.Profile.MemWindow)
 	peak := map[int]float64{}
 	heap := map[int]float64{}
+	anon := map[int]float64{}
 	owned := map[int]float64{}
 	ownedAt := map[int]time.Time{}
 	for _, sm := range e.smp.window(start, time.Now()) {
 		peak[sm.replica] = max(peak[sm.replica], sm.hwm)
+		anon[sm.replica] = max(anon[sm.replica], sm.rssAnon)
 		if !sm.at.Before(from) {
 			heap[sm.replica] = max(heap[sm.replica], sm.heapInuse)
 		}
@@ -215,8 +220,9 @@ func (e *env) coldStart(ctx context.Context, n int) (coldStart, error) {
 	e.saveHeapProfiles(ctx, n)
 	for _, r := range e.running() {
 		// One last reading, in case the window was short.
-		hwm, _ := procMem(r.PID())
+		hwm, _, rssAnon := procMem(r.PID())
 		c.peakRSS = append(c.peakRSS, max(peak[r.Index()], hwm))
+		c.anonRSS = append(c.anonRSS, max(anon[r.Index()], rssAnon))
 		c.heapInuse = append(c.heapInuse, heap[r.Index()])
 		c.owned = append(c.owned, owned[r.Index()])
 	}

@@ -308,7 +308,7 @@ func (c *Client) ListENIs(ctx context.Context, opts ListENIsOptions) ([]ENI, err
 			// BCE matches the name loosely and a single address by suffix:
 			// keep exactly what was asked for.
 			if !strings.HasPrefix(r.Name, opts.NamePrefix) || (opts.InstanceID != "" && r.InstanceId != opts.InstanceID) ||
-				(opts.Instances != nil && r.InstanceId != "" && !opts.Instances[r.InstanceId]) {
+				(opts.Instances != nil && !opts.Instances[r.InstanceId] && r.InstanceId != "" && ENIStatus(r.Status) != ENIStatusAvailable) {
 				continue
 			}
 			e := fromSDKENI(r)

@@ -101,8 +101,8 @@ type ListENIsOptions struct {
 	// PrivateIPs keeps ENIs holding any of these addresses.
 	PrivateIPs []string
 	// Instances, when not nil, keeps only ENIs attached to one of these
-	// instances, and unattached ones (no instance's yet: the leak sweep
-	// reads them). A replica lists the whole VPC but keeps only its share:
+	// instances, and unattached ones (no instance or status available,
+	// whatever an instanceId left behind says: the leak sweep reads them). A replica lists the whole VPC but keeps only its share:
 	// the rest of each page is dropped before it is converted, so what the
 	// list holds follows the replica's nodes, not the cluster.
 	Instances map[string]bool

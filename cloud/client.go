@@ -108,6 +108,20 @@ var ErrWouldWait = errors.New("the operation's rate limit has no token now")
 // that serve pods, such as a takeover's rebuild.
 func NoWait(ctx context.Context) context.Context { return context.WithValue(ctx, noWaitKey{}, true) }
 
+type urgentKey struct{}
+
+// Urgent marks ctx for a call that pods are waiting on and that must not
+// queue behind this replica's share of its operation's limit: a takeover's
+// ENI list. With N replicas a share refills one ListENIs token every N
+// seconds, so a takeover that found it just spent by the periodic sync
+// waited up to N s on top of the lease expiry (a failover's survivor: 3.75 s
+// for 8 nodes, with 3 replicas). An urgent call spends the share's token
+// when there is one (so housekeeping then yields) and otherwise goes
+// without. The shared budget still applies, and should BCE's own limit for
+// the operation turn it away, the RateLimit retry spaces it by the
+// operation's cluster-wide interval.
+func Urgent(ctx context.Context) context.Context { return context.WithValue(ctx, urgentKey{}, true) }
+
 // SetGate installs a check made before every attempt, before and after the
 // token wait: while it returns an error no request is sent (the call fails
 // with class Canceled). The shard layer closes the gate of a replica whose
@@ -174,12 +188,15 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 		// rate with three replicas, kept a takeover's ENI list, which
 		// collides with the other survivors', 2-3 s behind theirs.)
 		if ol := c.opLimits[op]; ol != nil && !throttled {
-			if ctx.Value(noWaitKey{}) != nil {
+			switch {
+			case ctx.Value(urgentKey{}) != nil:
+				ol.TryTake() // spent if there, so housekeeping yields; never waited for
+			case ctx.Value(noWaitKey{}) != nil:
 				if !ol.TryTake() {
 					c.m.calls.WithLabelValues(op, ClassCanceled.String()).Inc()
 					return &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: "skipped: " + ErrWouldWait.Error(), cause: ErrWouldWait}
 				}
-			} else {
+			default:
 				waited, err = ol.Wait(ctx)
 			}
 		}

@@ -108,3 +108,28 @@ func TestThrottledRetry_TakesNoSecondOpToken(t *testing.T) {
 		t.Fatalf("throttled_total = %v: the first attempt was not turned away, the test proves nothing", n)
 	}
 }
+
+// A takeover's list does not queue behind this replica's share of the
+// operation's limit: it spends the share's token when there is one (the
+// periodic sync then yields) and goes without when there is none.
+func TestUrgent_GoesAheadOfTheOpShare(t *testing.T) {
+	e := newEnv(t, envOpts{client: cloud.Config{Rate: 100, Burst: 50,
+		OpLimits: map[string]cloud.OpLimit{"ListENIs": {Rate: 0.01, Burst: 1}}}}) // one token per 100 s
+	ctx := context.Background()
+	if _, err := e.client.ListENIs(cloud.Urgent(ctx), cloud.ListENIsOptions{VPCID: testVPC}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.ListENIs(cloud.NoWait(ctx), cloud.ListENIsOptions{VPCID: testVPC}); !errors.Is(err, cloud.ErrWouldWait) {
+		t.Fatalf("housekeeping after an urgent call: %v, want ErrWouldWait (the urgent call spent the token)", err)
+	}
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := e.client.ListENIs(cloud.Urgent(short), cloud.ListENIsOptions{VPCID: testVPC}); err != nil {
+		t.Fatalf("urgent call with the share's bucket empty: %v, want it sent at once", err)
+	}
+	shorter, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel2()
+	if _, err := e.client.ListENIs(shorter, cloud.ListENIsOptions{VPCID: testVPC}); cloud.ClassOf(err) != cloud.ClassCanceled {
+		t.Fatalf("ordinary call with the bucket empty: %v, want it to wait for its token (cut short)", err)
+	}
+}

@@ -247,7 +247,9 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 	start := i.deps.Clock.Now()
 	// One list for all: it must be taken now, after the caller won the
 	// nodes, so that it holds every ENI and IP the previous owner added.
-	enis, err := i.deps.Cloud.ListENIs(ctx, cloud.ListENIsOptions{VPCID: i.cfg.VPCID, NamePrefix: i.cfg.ClusterID + "/",
+	// Pods wait on it: it goes ahead of this replica's share of the
+	// ListENIs limit (see cloud.Urgent).
+	enis, err := i.deps.Cloud.ListENIs(cloud.Urgent(ctx), cloud.ListENIsOptions{VPCID: i.cfg.VPCID, NamePrefix: i.cfg.ClusterID + "/",
 		Instances: i.instancesOf(todo)})
 	if err != nil {
 		for _, name := range todo {

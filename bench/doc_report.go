@@ -240,11 +240,17 @@ func buildDoc(cfg Config, res *results, path func(string) string) report.Doc {
 	}
 
 	inv := report.Section{Heading: "Invariants"}
-	if len(res.violations) == 0 {
+	verdict := map[bool]string{true: "met", false: "**FAILED**"}[len(res.violations) == 0]
+	switch {
+	case res.unchecked && len(res.violations) == 0:
+		inv.Paragraphs = append(inv.Paragraphs, "The run was interrupted before the invariant checker ran; the per-ADD check "+
+			"(no IP handed to a second pod while its holder kept it) found no violation.")
+		verdict = "not checked (interrupted)"
+	case len(res.violations) == 0:
 		inv.Paragraphs = append(inv.Paragraphs, "No violation: no IP was handed to a second pod while its holder kept it (checked on "+
 			"every ADD), and the invariant checker (`e2e/invariants`: duplicate IPs, pod/wep/cloud agreement, orphan weps) "+
 			"found the settled cluster clean.")
-	} else {
+	default:
 		inv.Paragraphs = append(inv.Paragraphs, fmt.Sprintf("**FAILED: %d violations.** %s", len(res.violations), res.checkerErr))
 		for i, v := range res.violations {
 			if i == 20 {
@@ -254,8 +260,7 @@ func buildDoc(cfg Config, res *results, path func(string) string) report.Doc {
 			inv.Paragraphs = append(inv.Paragraphs, "- "+v)
 		}
 	}
-	summary.Rows = append(summary.Rows, []string{"invariants", "no violation", fmt.Sprint(len(res.violations)) + " violations",
-		map[bool]string{true: "met", false: "**FAILED**"}[len(res.violations) == 0]})
+	summary.Rows = append(summary.Rows, []string{"invariants", "no violation", fmt.Sprint(len(res.violations)) + " violations", verdict})
 	doc.Sections = append(doc.Sections, inv)
 	doc.Sections[summaryIdx].Tables = []report.Table{summary}
 	for _, f := range res.failed {

@@ -28,8 +28,10 @@ type results struct {
 	scales     []*scaleResult
 	violations []string
 	checkerErr string
-	failed     []string // items that could not finish, with the error
-	samples    []sample // the sampler's scrapes of the whole run
+	// unchecked: the run was interrupted before the invariant checker ran.
+	unchecked bool
+	failed    []string // items that could not finish, with the error
+	samples   []sample // the sampler's scrapes of the whole run
 }
 
 // Run starts the system, measures every item of the profile and writes the
@@ -89,11 +91,18 @@ func (e *env) runAll(ctx context.Context, res *results) error {
 			return err
 		})
 	}
+	res.violations = e.drv.Violations()
+	if ctx.Err() != nil {
+		// Interrupted: the checker's wait (up to 3 min, on a control plane
+		// that may be going away) is not what Ctrl-C asked for.
+		e.log.Warn("interrupted: the invariant checker does not run")
+		res.unchecked = true
+		return ctx.Err()
+	}
 	// Invariants: what the driver saw, and the checker on the settled
 	// cluster (the fill's Running pods).
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
 	defer cancel()
-	res.violations = e.drv.Violations()
 	chk, err := e.f.Checker(invariants.Config{Namespaces: []string{podNamespace}, OrphanGrace: time.Minute})
 	if err != nil {
 		return err

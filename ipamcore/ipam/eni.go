@@ -224,9 +224,9 @@ func (i *IPAM) syncLoop(ctx context.Context) {
 // after the list was taken waits for the next sync (its rebuild read a
 // fresher list anyway).
 func (i *IPAM) SyncENIs(ctx context.Context) error {
-	served := i.ServedNodes()
-	instances := make(map[string]bool, len(served))
-	for _, name := range served {
+	servedNodes := i.ServedNodes()
+	instances := make(map[string]bool, len(servedNodes))
+	for _, name := range servedNodes {
 		if n, ok := i.node(name); ok {
 			instances[n.instanceID] = true
 		}
@@ -243,7 +243,7 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 		}
 	}
 	now := i.deps.Clock.Now()
-	for _, name := range served {
+	for _, name := range servedNodes {
 		n, ok := i.node(name)
 		if !ok || i.mayAct(name) != nil {
 			continue

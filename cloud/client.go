@@ -119,7 +119,8 @@ type urgentKey struct{}
 // when there is one (so housekeeping then yields) and otherwise goes
 // without. The shared budget still applies, and should BCE's own limit for
 // the operation turn it away, the RateLimit retry spaces it by the
-// operation's cluster-wide interval.
+// operation's cluster-wide interval, and retries four times as often as an
+// ordinary call (see urgentThrottleRetries).
 func Urgent(ctx context.Context) context.Context { return context.WithValue(ctx, urgentKey{}, true) }
 
 // SetGate installs a check made before every attempt, before and after the
@@ -227,7 +228,7 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 		e.Message = c.redact(e.Message)
 		if e.Class == ClassRateLimit {
 			c.m.throttled.WithLabelValues(op).Inc()
-			if attempt < c.cfg.ThrottleRetries {
+			if attempt < c.throttleRetries(ctx) {
 				backoff := c.throttleBackoff(op)
 				throttled = true
 				c.log.Debug("bce throttled, backing off", "op", op, "resource", resource, "attempt", attempt+1, "backoff", backoff)
@@ -240,6 +241,22 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 		c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
 		return e
 	}
+}
+
+// urgentThrottleRetries multiplies ThrottleRetries for an Urgent call. When
+// several replicas take over at once (a cold start, a failover's survivors),
+// their lists collide at BCE's ListENIs limit and each page may be turned
+// away several times; giving up after ThrottleRetries threw away the pages
+// already read and put the whole takeover behind the coordinator's retry
+// (a 3,000-node cold start: one replica failed its list after 6 s and
+// started over). The retries stay spaced by the operation's interval.
+const urgentThrottleRetries = 4
+
+func (c *Client) throttleRetries(ctx context.Context) int {
+	if ctx.Value(urgentKey{}) != nil && c.cfg.ThrottleRetries > 0 {
+		return c.cfg.ThrottleRetries * urgentThrottleRetries
+	}
+	return c.cfg.ThrottleRetries
 }
 
 // throttleBackoff is the jittered wait before retrying a call BCE answered

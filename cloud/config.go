@@ -41,6 +41,7 @@ type Config struct {
 	Burst int64
 	// ThrottleRetries is how often a call answered RateLimit is retried by
 	// this client (the SDK never retries 429). Default 3; negative disables.
+	// An Urgent call retries four times as often.
 	ThrottleRetries int
 	// ThrottleBackoff is the base of the jittered wait after RateLimit: the
 	// wait is base × [1,6), as upstream. Default 200ms.
@@ -144,7 +145,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	d.setDefaults()
 	fs.Float64Var(&c.Rate, "bce-rate", d.Rate, "client-side BCE API calls per second")
 	fs.Int64Var(&c.Burst, "bce-burst", d.Burst, "client-side BCE API burst")
-	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", d.ThrottleRetries, "retries of a call BCE answered with RateLimit (negative disables)")
+	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", d.ThrottleRetries, "retries of a call BCE answered with RateLimit, four times as many for a takeover's ENI list (negative disables)")
 	fs.DurationVar(&c.ThrottleBackoff, "bce-throttle-backoff", d.ThrottleBackoff, "base of the jittered backoff after RateLimit (never shorter than the operation's interval under --bce-op-limits, e.g. 1 s for ListENIs)")
 	fs.IntVar(&c.SDKRetries, "bce-sdk-retries", d.SDKRetries, "SDK retries of 5xx and transport errors (negative disables)")
 	fs.DurationVar(&c.SDKRetryBase, "bce-sdk-retry-base", d.SDKRetryBase, "base delay of the SDK's exponential retry")

@@ -133,3 +133,56 @@ func TestUrgent_GoesAheadOfTheOpShare(t *testing.T) {
 		t.Fatalf("ordinary call with the bucket empty: %v, want it to wait for its token (cut short)", err)
 	}
 }
+
+// Replicas taking over at once collide at BCE's ListENIs limit, and a page
+// may be turned away more often than ThrottleRetries allows. An urgent call
+// keeps retrying (four times as often) rather than throwing away the pages
+// it read; an ordinary call still gives up after ThrottleRetries.
+func TestUrgent_OutlastsContendedThrottling(t *testing.T) {
+	// bce-sim's bucket refills on the wall clock: at this rate, not within
+	// the test; the test lifts the limit itself.
+	starved := map[bcesim.Op]bcesim.RateLimit{bcesim.OpListENIs: {QPS: 0.001, Burst: 1}}
+	e := newEnv(t, envOpts{
+		sim:    bcesim.Config{RateLimits: starved},
+		client: cloud.Config{ThrottleRetries: 1, ThrottleBackoff: 5 * time.Millisecond, OpLimits: map[string]cloud.OpLimit{}},
+	})
+	ctx := context.Background()
+	if _, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC}); err != nil { // empties the bucket
+		t.Fatal(err)
+	}
+	throttled := func() int64 { return e.srv.Stats().Ops[bcesim.OpListENIs].Throttled }
+
+	before := throttled()
+	if _, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC}); cloud.ClassOf(err) != cloud.ClassRateLimit {
+		t.Fatalf("ordinary call with BCE's bucket empty: %v, want RateLimit after its retry", err)
+	}
+	if n := throttled() - before; n != 2 {
+		t.Fatalf("ordinary call was turned away %d times, want 2 (the call and ThrottleRetries=1 retry)", n)
+	}
+
+	// The urgent call: BCE lets it through only after turning it away three
+	// times, more than an ordinary call bears.
+	before = throttled()
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	lifted := make(chan error, 1)
+	go func() {
+		for throttled()-before < 3 {
+			if short.Err() != nil {
+				lifted <- nil
+				return
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		lifted <- e.srv.SetRateLimits(map[bcesim.Op]bcesim.RateLimit{bcesim.OpListENIs: {QPS: 1000, Burst: 1000}})
+	}()
+	if _, err := e.client.ListENIs(cloud.Urgent(short), cloud.ListENIsOptions{VPCID: testVPC}); err != nil {
+		t.Fatalf("urgent call turned away %d times: %v, want it retried until served", throttled()-before, err)
+	}
+	if err := <-lifted; err != nil {
+		t.Fatal(err)
+	}
+	if n := throttled() - before; n < 3 {
+		t.Fatalf("urgent call was turned away %d times: the test proves nothing", n)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
@@ -312,5 +313,59 @@ func TestCoordinator_HeldStepClaimsNothing(t *testing.T) {
 	c.mu.Unlock()
 	if inFlight != c.cfg.Ring.Partitions {
 		t.Fatalf("after the settle the step started %d claims, want all %d", inFlight, c.cfg.Ring.Partitions)
+	}
+}
+
+// recordingNodes reports every ServeNodes batch.
+type recordingNodes struct{ batches chan []string }
+
+func (r recordingNodes) ServeNodes(_ context.Context, names []string) map[string]error {
+	r.batches <- names
+	return nil
+}
+func (recordingNodes) StopServingNode(string) {}
+
+// Nodes already won wait while claims are still in flight, so that claims
+// won together are served in one batch (one ENI list, one wep read); the
+// wait is bounded by claimSettle.
+func TestCoordinator_BatchWaitsForClaimsInFlight(t *testing.T) {
+	c, clk := newTestCoordinator(t)
+	rec := recordingNodes{batches: make(chan []string, 1)}
+	c.nodes = rec
+	const node = "node-a"
+	if err := c.nodeInformer.GetStore().Add(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node},
+		Spec: corev1.NodeSpec{ProviderID: "cce://i-a"}}); err != nil {
+		t.Fatal(err)
+	}
+	p := PartitionOf(c.cfg.Ring.Partitions, node)
+	ctx := context.Background()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.own.set(p, Claiming); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.own.set(p, Serving); err != nil {
+		t.Fatal(err)
+	}
+	// Another partition's claim has been in flight for 2 s: past the old
+	// 1 s cut, within claimSettle.
+	c.claimsInFlight, c.claimsSince = 1, clk.Now()
+	clk.Step(2 * time.Second)
+	claims := make([]Claim, c.cfg.Ring.Partitions)
+	c.reconcileNodesLocked(ctx, clk.Now(), claims)
+	select {
+	case b := <-rec.batches:
+		t.Fatalf("served %v while a claim was in flight for 2 s, want the batch to wait for it", b)
+	case <-time.After(200 * time.Millisecond):
+	}
+	clk.Step(claimSettle)
+	c.reconcileNodesLocked(ctx, clk.Now(), claims)
+	select {
+	case b := <-rec.batches:
+		if len(b) != 1 || b[0] != node {
+			t.Fatalf("served %v, want [%s]", b, node)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("nothing served %v after the claims went in flight, want the wait bounded", 2*time.Second+claimSettle)
 	}
 }

@@ -198,10 +198,15 @@ func (i *IPAM) syncLoop(ctx context.Context) {
 			return
 		case <-tick.C():
 			// The sync yields the scarce ListENIs tokens to rebuilds: when
-			// none is free it tries again a little later.
+			// none is free, or this replica is taking nodes over (its list
+			// may be answered RateLimit and retried: a sync would take the
+			// token it waits for), it tries again a little later.
 			for try := 0; ; try++ {
-				err := i.SyncENIs(cloud.NoWait(ctx))
-				if errors.Is(err, cloud.ErrWouldWait) && try < 10 {
+				err := errTakeoverInFlight
+				if i.takeovers.Load() == 0 {
+					err = i.SyncENIs(cloud.NoWait(ctx))
+				}
+				if (errors.Is(err, cloud.ErrWouldWait) || errors.Is(err, errTakeoverInFlight)) && try < 10 {
 					i.sleep(ctx, time.Second+time.Duration(mrand.Int64N(int64(time.Second))))
 					continue
 				}
@@ -213,6 +218,10 @@ func (i *IPAM) syncLoop(ctx context.Context) {
 		}
 	}
 }
+
+// errTakeoverInFlight makes the periodic sync skip a try while a ServeNodes
+// is listing ENIs.
+var errTakeoverInFlight = errors.New("skipped: a takeover is listing ENIs")
 
 // SyncENIs lists the cluster's ENIs once (VPC-wide, paginated: one call per
 // 1000 ENIs instead of one per node) and, for every served node, adopts new

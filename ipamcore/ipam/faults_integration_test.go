@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,4 +328,74 @@ func TestIPAM_ListsKeepOnlyServedNodesENIs(t *testing.T) {
 	if st, err := ip.Stats(mine); err != nil || len(st.ENIs) != 2 {
 		t.Fatalf("served node has %d ENIs after the sync (%v), want 2", len(st.ENIs), err)
 	}
+}
+
+// takeoverHolder is the real cloud client; it holds the ENI list of a
+// takeover of instance `hold` until released, and counts the lists started
+// meanwhile and after.
+type takeoverHolder struct {
+	cloud.Provider
+	hold            string
+	held, release   chan struct{}
+	holding         atomic.Bool
+	during, resumed atomic.Int32
+}
+
+func (h *takeoverHolder) ListENIs(ctx context.Context, opts cloud.ListENIsOptions) ([]cloud.ENI, error) {
+	switch {
+	case opts.Instances[h.hold] && len(opts.Instances) == 1:
+		h.holding.Store(true)
+		close(h.held)
+		<-h.release
+		h.holding.Store(false)
+	case h.holding.Load():
+		h.during.Add(1)
+	default:
+		if opts.Instances[h.hold] {
+			h.resumed.Add(1)
+		}
+	}
+	return h.Provider.ListENIs(ctx, opts)
+}
+
+// While a takeover lists ENIs (BCE may answer it RateLimit, and its retry
+// needs the cluster's next ListENIs token), the periodic sync of the same
+// replica makes no list; it resumes afterwards.
+func TestIPAM_PeriodicSyncYieldsToATakeover(t *testing.T) {
+	e := newEnv(t, "sy", 2, ipam.Config{IdleMin: 1, PoolCheckPeriod: time.Hour, ENISyncPeriod: 100 * time.Millisecond})
+	e.stop() // the env's IPAM serves every node; this test runs its own
+	first, second := e.nodes[0], e.nodes[1]
+	h := &takeoverHolder{Provider: e.cloud, hold: e.instance[second], held: make(chan struct{}), release: make(chan struct{})}
+	ip, err := ipam.New(e.cfg, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: h}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	runErr := make(chan error, 1)
+	go func() { runErr <- ip.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Errorf("ipam Run: %v", err)
+		}
+	})
+	if err := ip.ServeNode(ctx, first); err != nil { // the syncs now have a node to list for
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- ip.ServeNode(ctx, second) }()
+	select {
+	case <-h.held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the takeover never listed ENIs")
+	}
+	time.Sleep(3 * time.Second) // ~30 sync periods, and the sync's retries after a skip (1-2 s)
+	close(h.release)
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	if n := h.during.Load(); n != 0 {
+		t.Fatalf("%d periodic lists ran while the takeover's list was in flight, want none", n)
+	}
+	eventually(t, 10*time.Second, "the periodic sync listing again, for both nodes", func() bool { return h.resumed.Load() > 0 })
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -88,6 +89,10 @@ type IPAM struct {
 
 	broadcaster record.EventBroadcaster
 	events      record.EventRecorder
+
+	// takeovers counts ServeNodes in flight: the periodic ENI sync yields
+	// the cluster's scarce ListENIs tokens to them.
+	takeovers atomic.Int32
 
 	mu      sync.Mutex
 	runCtx  context.Context // set once Run's caches have synced
@@ -244,6 +249,8 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 		return errs
 	}
 
+	i.takeovers.Add(1)
+	defer i.takeovers.Add(-1)
 	start := i.deps.Clock.Now()
 	// Both reads must be taken now, after the caller won the nodes, so that
 	// they hold every ENI, IP and wep the previous owner added; they do not

@@ -3,6 +3,9 @@ package bench
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/cce-ipam/sharded/cloud/bcesim"
 )
 
 func TestCheckItemsRefusesUnknown(t *testing.T) {
@@ -52,5 +55,33 @@ func TestReport_InterruptedRunIsNotCalledClean(t *testing.T) {
 	}
 	if got := render(&results{}); !strings.Contains(got, "found the settled cluster clean") {
 		t.Fatalf("checked run's report:\n%s", got)
+	}
+}
+
+// A cold start that went wrong shows in the report: with two starts the
+// median is the lower one, so every start is listed and the slowest named.
+func TestReport_ColdStartListsEveryStart(t *testing.T) {
+	cfg := Config{Profile: Profiles["smoke"], OutDir: t.TempDir()}
+	start := func(replicas int, took time.Duration, calls int64) coldStart {
+		return coldStart{replicas: replicas, took: took, total: calls, calls: map[bcesim.Op]int64{bcesim.OpListENIs: calls},
+			peakRSS: []float64{100}, heapInuse: []float64{50}, anonRSS: []float64{80}, owned: []float64{10}}
+	}
+	res := &results{scales: []*scaleResult{{nodes: 10, pods: 100, enis: 10, cold: []coldStart{
+		start(3, 39300*time.Millisecond, 56), start(1, 16*time.Second, 6),
+		start(3, 161100*time.Millisecond, 206), start(1, 21*time.Second, 8),
+	}}}}
+	var b strings.Builder
+	for _, s := range buildDoc(cfg, res, func(f string) string { return f }).Sections {
+		for _, tb := range s.Tables {
+			for _, r := range tb.Rows {
+				b.WriteString(strings.Join(r, "|") + "\n")
+			}
+		}
+	}
+	got := b.String()
+	for _, want := range []string{"39.3 (39.3, 161.1)", "56 (56, 206)", "slowest of 2: 161.1 s, 206 calls"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
 	}
 }

@@ -339,6 +339,7 @@ type takeoverHolder struct {
 	held, release   chan struct{}
 	holding         atomic.Bool
 	during, resumed atomic.Int32
+	resumedAt       atomic.Int64 // unix ns of the first list after the hold
 }
 
 func (h *takeoverHolder) ListENIs(ctx context.Context, opts cloud.ListENIsOptions) ([]cloud.ENI, error) {
@@ -351,8 +352,8 @@ func (h *takeoverHolder) ListENIs(ctx context.Context, opts cloud.ListENIsOption
 	case h.holding.Load():
 		h.during.Add(1)
 	default:
-		if opts.Instances[h.hold] {
-			h.resumed.Add(1)
+		if opts.Instances[h.hold] && h.resumed.Add(1) == 1 {
+			h.resumedAt.Store(time.Now().UnixNano())
 		}
 	}
 	return h.Provider.ListENIs(ctx, opts)
@@ -360,7 +361,8 @@ func (h *takeoverHolder) ListENIs(ctx context.Context, opts cloud.ListENIsOption
 
 // While a takeover lists ENIs (BCE may answer it RateLimit, and its retry
 // needs the cluster's next ListENIs token), the periodic sync of the same
-// replica makes no list; it resumes afterwards.
+// replica makes no list, nor for 5 s after it (another replica's takeover
+// may still be retrying); then it resumes.
 func TestIPAM_PeriodicSyncYieldsToATakeover(t *testing.T) {
 	e := newEnv(t, "sy", 2, ipam.Config{IdleMin: 1, PoolCheckPeriod: time.Hour, ENISyncPeriod: 100 * time.Millisecond})
 	e.stop() // the env's IPAM serves every node; this test runs its own
@@ -394,8 +396,12 @@ func TestIPAM_PeriodicSyncYieldsToATakeover(t *testing.T) {
 	if err := <-served; err != nil {
 		t.Fatal(err)
 	}
+	ended := time.Now()
 	if n := h.during.Load(); n != 0 {
 		t.Fatalf("%d periodic lists ran while the takeover's list was in flight, want none", n)
 	}
-	eventually(t, 10*time.Second, "the periodic sync listing again, for both nodes", func() bool { return h.resumed.Load() > 0 })
+	eventually(t, 20*time.Second, "the periodic sync listing again, for both nodes", func() bool { return h.resumed.Load() > 0 })
+	if quiet := time.Unix(0, h.resumedAt.Load()).Sub(ended); quiet < 4500*time.Millisecond {
+		t.Fatalf("the periodic sync listed again %v after the takeover ended, want it to keep quiet for 5 s", quiet)
+	}
 }

@@ -187,11 +187,9 @@ func buildDoc(cfg Config, res *results, path func(string) string) report.Doc {
 		summary.Rows = append(summary.Rows, []string{"4. memory per replica at 3 (heap in use), " + label, "≤ 45 % of 1 replica",
 			pct(heap3, heap1), targetLine(100*heap3/heap1, 45, " points")})
 
-		t3 := medianOf(three, func(c coldStart) float64 { return c.took.Seconds() })
-		t1 := medianOf(one, func(c coldStart) float64 { return c.took.Seconds() })
-		c3 := medianOf(three, func(c coldStart) float64 { return float64(c.total) })
 		took := func(c coldStart) float64 { return c.took.Seconds() }
 		total := func(c coldStart) float64 { return float64(c.total) }
+		t3, t1, c3 := medianOf(three, took), medianOf(one, took), medianOf(three, total)
 		ct.Rows = append(ct.Rows, []string{label, report.Num(t3, 1) + eachOf(three, took, 1), report.Num(t1, 1) + eachOf(one, took, 1),
 			report.Ratio(t3, t1), report.Num(c3, 0) + eachOf(three, total, 0), report.Num(calls1, 0) + eachOf(one, total, 0), fmt.Sprint(sc.nodes)})
 		measured := report.Num(t3, 1) + " s, " + report.Num(c3, 0) + " BCE calls"

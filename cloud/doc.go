@@ -23,9 +23,10 @@
 // are split the same way (SetOpShare). Housekeeping marks its calls NoWait
 // and skips a round rather than queue for them; a call pods are waiting on (a
 // takeover's ENI list) marks them Urgent and does not queue behind the share
-// at all, and bears more RateLimit answers before it gives up. ListENIs can keep only some instances' ENIs (ListENIsOptions.
-// Instances), dropped page by page, so a replica holds its share of a VPC's
-// ENIs rather than all of them.
+// at all, and bears more RateLimit answers before it gives up. ListENIs can
+// keep only some instances' ENIs (ListENIsOptions.Instances), dropped page
+// by page, so a replica holds its share of a VPC's ENIs rather than all of
+// them.
 //
 // Errors are *Error values classified by BCE's error code first (then HTTP
 // status, then the upstream's substrings), so callers branch with

@@ -252,6 +252,26 @@ func TestIPAM_SyncDropsVanishedENIAfterTwoMisses(t *testing.T) {
 	}
 }
 
+// runOwnIPAM runs an IPAM of its own over the env's cluster with the given
+// cloud, stopped when the test ends.
+func runOwnIPAM(t *testing.T, e *env, c cloud.Provider) (*ipam.IPAM, context.Context) {
+	t.Helper()
+	ip, err := ipam.New(e.cfg, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: c}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	runErr := make(chan error, 1)
+	go func() { runErr <- ip.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Errorf("ipam Run: %v", err)
+		}
+	})
+	return ip, ctx
+}
+
 // listRecorder is the real cloud client, remembering which instances the
 // ENIs of each ListENIs answer were attached to.
 type listRecorder struct {
@@ -285,19 +305,7 @@ func TestIPAM_ListsKeepOnlyServedNodesENIs(t *testing.T) {
 	e := newEnv(t, "sh", 3, ipam.Config{IdleMin: 1, PoolCheckPeriod: time.Hour})
 	e.stop() // the env's IPAM serves every node; this test runs its own
 	rec := &listRecorder{Provider: e.cloud}
-	ip, err := ipam.New(e.cfg, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: rec}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(e.ctx)
-	runErr := make(chan error, 1)
-	go func() { runErr <- ip.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-runErr; err != nil {
-			t.Errorf("ipam Run: %v", err)
-		}
-	})
+	ip, ctx := runOwnIPAM(t, e, rec)
 	mine := e.nodes[0]
 	if err := ip.ServeNode(ctx, mine); err != nil {
 		t.Fatal(err)
@@ -335,11 +343,11 @@ func TestIPAM_ListsKeepOnlyServedNodesENIs(t *testing.T) {
 // meanwhile and after.
 type takeoverHolder struct {
 	cloud.Provider
-	hold            string
-	held, release   chan struct{}
-	holding         atomic.Bool
-	during, resumed atomic.Int32
-	resumedAt       atomic.Int64 // unix ns of the first list after the hold
+	hold          string
+	held, release chan struct{}
+	holding       atomic.Bool
+	during        atomic.Int32
+	resumedAt     atomic.Int64 // unix ns of the first list for it after the hold
 }
 
 func (h *takeoverHolder) ListENIs(ctx context.Context, opts cloud.ListENIsOptions) ([]cloud.ENI, error) {
@@ -352,8 +360,8 @@ func (h *takeoverHolder) ListENIs(ctx context.Context, opts cloud.ListENIsOption
 	case h.holding.Load():
 		h.during.Add(1)
 	default:
-		if opts.Instances[h.hold] && h.resumed.Add(1) == 1 {
-			h.resumedAt.Store(time.Now().UnixNano())
+		if opts.Instances[h.hold] {
+			h.resumedAt.CompareAndSwap(0, time.Now().UnixNano())
 		}
 	}
 	return h.Provider.ListENIs(ctx, opts)
@@ -368,19 +376,7 @@ func TestIPAM_PeriodicSyncYieldsToATakeover(t *testing.T) {
 	e.stop() // the env's IPAM serves every node; this test runs its own
 	first, second := e.nodes[0], e.nodes[1]
 	h := &takeoverHolder{Provider: e.cloud, hold: e.instance[second], held: make(chan struct{}), release: make(chan struct{})}
-	ip, err := ipam.New(e.cfg, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: h}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(e.ctx)
-	runErr := make(chan error, 1)
-	go func() { runErr <- ip.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-runErr; err != nil {
-			t.Errorf("ipam Run: %v", err)
-		}
-	})
+	ip, ctx := runOwnIPAM(t, e, h)
 	if err := ip.ServeNode(ctx, first); err != nil { // the syncs now have a node to list for
 		t.Fatal(err)
 	}
@@ -400,7 +396,7 @@ func TestIPAM_PeriodicSyncYieldsToATakeover(t *testing.T) {
 	if n := h.during.Load(); n != 0 {
 		t.Fatalf("%d periodic lists ran while the takeover's list was in flight, want none", n)
 	}
-	eventually(t, 20*time.Second, "the periodic sync listing again, for both nodes", func() bool { return h.resumed.Load() > 0 })
+	eventually(t, 20*time.Second, "the periodic sync listing again, for both nodes", func() bool { return h.resumedAt.Load() != 0 })
 	if quiet := time.Unix(0, h.resumedAt.Load()).Sub(ended); quiet < 4500*time.Millisecond {
 		t.Fatalf("the periodic sync listed again %v after the takeover ended, want it to keep quiet for 5 s", quiet)
 	}

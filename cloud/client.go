@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,7 @@ type Client struct {
 	log       *slog.Logger
 	secrets   []string // redacted from every error message
 	gate      atomic.Pointer[func() error]
+	urgent    sync.Map // operation → *urgentCalls
 }
 
 var _ Provider = (*Client)(nil)
@@ -105,8 +107,43 @@ var ErrWouldWait = errors.New("the operation's rate limit has no token now")
 // NoWait marks ctx so that a call fails with ErrWouldWait rather than wait
 // for its operation's bucket: housekeeping (the periodic ENI sync) yields
 // scarce tokens (ListENIs: about one a second for the cluster) to the calls
-// that serve pods, such as a takeover's rebuild.
+// that serve pods, such as a takeover's rebuild. It also fails while an
+// Urgent call of the same operation is in flight or ended less than
+// urgentQuiet ago.
 func NoWait(ctx context.Context) context.Context { return context.WithValue(ctx, noWaitKey{}, true) }
+
+// urgentQuiet is how long after an Urgent call of an operation ends that
+// NoWait calls of it keep yielding. Replicas take over together (a
+// failover's survivors each take a share of the dead one's nodes), and the
+// one whose list BCE turned away retries on the cluster's next token: the
+// periodic sync of a replica that had just finished its own takeover took
+// that token (bench: one survivor's 16-node takeover took 4.3 s, the
+// other's 1.5 s).
+const urgentQuiet = 5 * time.Second
+
+// urgentCalls tracks one operation's Urgent calls.
+type urgentCalls struct {
+	inFlight atomic.Int32
+	lastEnd  atomic.Int64 // unix ns
+}
+
+func (c *Client) urgentCallsOf(op string) *urgentCalls {
+	u, _ := c.urgent.LoadOrStore(op, &urgentCalls{})
+	return u.(*urgentCalls)
+}
+
+// urgentNearby: an Urgent call of op is in flight or ended < urgentQuiet ago.
+func (c *Client) urgentNearby(op string) bool {
+	v, ok := c.urgent.Load(op)
+	if !ok {
+		return false
+	}
+	u := v.(*urgentCalls)
+	if u.inFlight.Load() > 0 {
+		return true
+	}
+	return time.Since(time.Unix(0, u.lastEnd.Load())) < urgentQuiet
+}
 
 type urgentKey struct{}
 
@@ -174,6 +211,16 @@ func (c *Client) redact(s string) string {
 // back off with jitter and try again (up to ThrottleRetries). Every attempt
 // is timed and counted; the final result is counted once by class.
 func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet) error) error {
+	if ctx.Value(urgentKey{}) != nil {
+		u := c.urgentCallsOf(op)
+		u.inFlight.Add(1)
+		defer func() {
+			u.lastEnd.Store(time.Now().UnixNano())
+			u.inFlight.Add(-1)
+		}()
+	} else if ctx.Value(noWaitKey{}) != nil && c.urgentNearby(op) {
+		return c.skipped(op, resource, "an urgent call of the operation is in flight or just ended")
+	}
 	throttled := false // the last attempt was answered RateLimit
 	for attempt := 0; ; attempt++ {
 		if err := c.gateErr(); err != nil {
@@ -194,8 +241,7 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 				ol.TryTake() // spent if there, so housekeeping yields; never waited for
 			case ctx.Value(noWaitKey{}) != nil:
 				if !ol.TryTake() {
-					c.m.calls.WithLabelValues(op, ClassCanceled.String()).Inc()
-					return &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: "skipped: " + ErrWouldWait.Error(), cause: ErrWouldWait}
+					return c.skipped(op, resource, ErrWouldWait.Error())
 				}
 			default:
 				waited, err = ol.Wait(ctx)
@@ -241,6 +287,12 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 		c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
 		return e
 	}
+}
+
+// skipped fails a NoWait call that would have had to wait.
+func (c *Client) skipped(op, resource, why string) error {
+	c.m.calls.WithLabelValues(op, ClassCanceled.String()).Inc()
+	return &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: "skipped: " + why, cause: ErrWouldWait}
 }
 
 // urgentThrottleRetries multiplies ThrottleRetries for an Urgent call. When

@@ -20,10 +20,11 @@
 // it twice.
 //
 // Per-operation limits (ListENIs: about one a second for the whole cluster)
-// are split the same way (SetOpShare). Housekeeping marks its calls NoWait
-// and skips a round rather than queue for them; a call pods are waiting on (a
-// takeover's ENI list) marks them Urgent and does not queue behind the share
-// at all, and bears more RateLimit answers before it gives up. ListENIs can
+// are split the same way (SetOpShare). A call pods are waiting on (a
+// takeover's ENI list) is marked Urgent: it does not queue behind the share
+// at all, and bears more RateLimit answers before it gives up. Housekeeping
+// marks its calls NoWait and skips a round rather than queue for a token, or
+// run while an Urgent call of the same operation is in flight or just ended. ListENIs can
 // keep only some instances' ENIs (ListENIsOptions.Instances), dropped page
 // by page, so a replica holds its share of a VPC's ENIs rather than all of
 // them.

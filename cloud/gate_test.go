@@ -186,3 +186,60 @@ func TestUrgent_OutlastsContendedThrottling(t *testing.T) {
 		t.Fatalf("urgent call was turned away %d times: the test proves nothing", n)
 	}
 }
+
+// Housekeeping yields to a takeover's list: while an Urgent call of an
+// operation is in flight, and for 5 s after it, a NoWait call of the same
+// operation fails with ErrWouldWait without reaching the cloud (here no
+// per-operation limit is set, so only the Urgent call makes it yield).
+// Calls of other operations and calls that may wait are not affected.
+func TestNoWait_YieldsToAnUrgentCallOfTheOperation(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := context.Background()
+	list := func(ctx context.Context) error {
+		_, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC})
+		return err
+	}
+	calls := func() int64 { return e.srv.Stats().Ops[bcesim.OpListENIs].Calls }
+	yields := func(when string) {
+		t.Helper()
+		before := calls()
+		if err := list(cloud.NoWait(ctx)); !errors.Is(err, cloud.ErrWouldWait) || cloud.ClassOf(err) != cloud.ClassCanceled {
+			t.Fatalf("NoWait ListENIs %s: %v, want ErrWouldWait (class Canceled)", when, err)
+		}
+		if got := calls(); got != before {
+			t.Fatalf("NoWait ListENIs %s reached the cloud: %d calls, want %d", when, got, before)
+		}
+	}
+	if err := list(cloud.NoWait(ctx)); err != nil {
+		t.Fatalf("NoWait ListENIs with no urgent call about: %v", err)
+	}
+
+	if err := e.srv.SetFaults(bcesim.Faults{LatencyMs: map[bcesim.Op]int{bcesim.OpListENIs: 1500}}); err != nil {
+		t.Fatal(err)
+	}
+	before := calls()
+	urgent := make(chan error, 1)
+	go func() { urgent <- list(cloud.Urgent(ctx)) }()
+	for calls() == before { // the urgent list reached the cloud and is held there
+		time.Sleep(10 * time.Millisecond)
+	}
+	yields("while an urgent one is in flight")
+	if _, err := e.client.GetENI(cloud.NoWait(ctx), "eni-none"); errors.Is(err, cloud.ErrWouldWait) {
+		t.Fatalf("NoWait GetENI yielded to an urgent ListENIs: %v", err)
+	}
+	if err := <-urgent; err != nil {
+		t.Fatal(err)
+	}
+	ended := time.Now()
+	if err := e.srv.SetFaults(bcesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	yields("just after an urgent one ended")
+	if err := list(ctx); err != nil {
+		t.Fatalf("a ListENIs that may wait, just after an urgent one: %v", err)
+	}
+	time.Sleep(time.Until(ended.Add(5*time.Second + 100*time.Millisecond)))
+	if err := list(cloud.NoWait(ctx)); err != nil {
+		t.Fatalf("NoWait ListENIs 5 s after the urgent one ended: %v", err)
+	}
+}

@@ -201,15 +201,17 @@ func (i *IPAM) syncLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C():
-			// The sync yields the scarce ListENIs tokens to rebuilds: when
-			// none is free, or a takeover may be listing ENIs, it tries
-			// again a little later.
+			// The sync yields the scarce ListENIs tokens to takeovers (see
+			// cloud.NoWait): when none is free, or a takeover is listing or
+			// has just listed, it tries again a little later; an overdue
+			// sync waits for its token.
 			for try := 0; ; try++ {
-				err := errTakeoverInFlight
-				if !i.takeoverNearby() || i.deps.Clock.Since(lastSync) > overdue {
-					err = i.SyncENIs(cloud.NoWait(ctx))
+				sctx := cloud.NoWait(ctx)
+				if i.deps.Clock.Since(lastSync) > overdue {
+					sctx = ctx
 				}
-				if (errors.Is(err, cloud.ErrWouldWait) || errors.Is(err, errTakeoverInFlight)) && try < 10 {
+				err := i.SyncENIs(sctx)
+				if errors.Is(err, cloud.ErrWouldWait) && try < 10 {
 					i.sleep(ctx, time.Second+time.Duration(mrand.Int64N(int64(time.Second))))
 					continue
 				}
@@ -224,28 +226,6 @@ func (i *IPAM) syncLoop(ctx context.Context) {
 		}
 	}
 }
-
-// takeoverQuiet is how long after this replica's last takeover its periodic
-// sync keeps yielding. Replicas take over together (a failover's survivors
-// each take a share of the dead one's nodes), and the one whose list BCE
-// turned away retries on the cluster's next ListENIs token: a sync of a
-// replica that has just finished its own takeover took that token (bench: a
-// survivor's 16-node takeover took 4.3 s, the other's 1.5 s).
-const takeoverQuiet = 5 * time.Second
-
-// takeoverNearby: a takeover of this replica is listing ENIs, or ended less
-// than takeoverQuiet ago.
-func (i *IPAM) takeoverNearby() bool {
-	if i.takeovers.Load() > 0 {
-		return true
-	}
-	end := i.lastTakeoverEnd.Load()
-	return end != 0 && i.deps.Clock.Since(time.Unix(0, end)) < takeoverQuiet
-}
-
-// errTakeoverInFlight makes the periodic sync skip a try while a takeover
-// may be listing ENIs.
-var errTakeoverInFlight = errors.New("skipped: a takeover is listing ENIs")
 
 // SyncENIs lists the cluster's ENIs once (VPC-wide, paginated: one call per
 // 1000 ENIs instead of one per node) and, for every served node, adopts new

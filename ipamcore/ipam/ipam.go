@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -89,12 +88,6 @@ type IPAM struct {
 
 	broadcaster record.EventBroadcaster
 	events      record.EventRecorder
-
-	// takeovers counts ServeNodes in flight and lastTakeoverEnd (unix ns)
-	// is when the last one ended: the periodic ENI sync yields the
-	// cluster's scarce ListENIs tokens to takeovers (takeoverNearby).
-	takeovers       atomic.Int32
-	lastTakeoverEnd atomic.Int64
 
 	mu      sync.Mutex
 	runCtx  context.Context // set once Run's caches have synced
@@ -251,11 +244,6 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 		return errs
 	}
 
-	i.takeovers.Add(1)
-	defer func() {
-		i.lastTakeoverEnd.Store(i.deps.Clock.Now().UnixNano())
-		i.takeovers.Add(-1)
-	}()
 	start := i.deps.Clock.Now()
 	// Both reads must be taken now, after the caller won the nodes, so that
 	// they hold every ENI, IP and wep the previous owner added; they do not

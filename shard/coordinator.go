@@ -91,6 +91,20 @@ type Coordinator struct {
 	settleKey       string    // the replicas in view, as of settleSince
 	settleSince     time.Time
 	holdReason      string // why claims are held back ("" when they are not)
+	balance         balanceState
+}
+
+// balanceState is what this replica knows of the balance Lease, and the
+// table it balances to.
+type balanceState struct {
+	version    string // the counts annotation as last read ("" no Lease)
+	counts     []int  // the published node counts; nil: none or unreadable
+	publishing bool
+	lastCheck  time.Time
+	lastTry    time.Time
+	table      Table // the ring balanced with counts, for tableRing
+	tableRing  *Ring
+	tableVer   string
 }
 
 // observed is what this replica last saw of another replica's Lease, and
@@ -265,7 +279,7 @@ func (c *Coordinator) observeUntil(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		claims, present, _ := c.readLeases(leases)
+		claims, present, _, _ := c.readLeases(leases)
 		c.mu.Lock()
 		c.applyWrittenLocked(claims)
 		c.observe(present, c.clock.Now())
@@ -370,7 +384,8 @@ func (c *Coordinator) step(ctx context.Context) error {
 			gossip[m] = true
 		}
 	}
-	claims, present, budgetLease := c.readLeases(leases)
+	claims, present, budgetLease, balanceLease := c.readLeases(leases)
+	served := c.servedNodes()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.applyWrittenLocked(claims)
@@ -388,10 +403,9 @@ func (c *Coordinator) step(ctx context.Context) error {
 			c.ring = ring
 		}
 	}
-	wanted := make([]string, c.cfg.Ring.Partitions)
-	if c.ring != nil {
-		wanted = c.ring.Table().Owners
-	}
+	c.readBalanceLocked(balanceLease)
+	c.maybePublishBalanceLocked(ctx, now, live, served)
+	wanted := c.tableLocked().Owners
 	if hold := c.holdClaimsLocked(now, live, claims, gossip); hold != c.holdReason {
 		if hold != "" {
 			c.log.Info("holding back claims", "reason", hold)
@@ -427,7 +441,7 @@ func (c *Coordinator) step(ctx context.Context) error {
 	for _, a := range acts {
 		c.startAction(ctx, a, claims[a.Partition])
 	}
-	c.reconcileNodesLocked(ctx, now, claims)
+	c.reconcileNodesLocked(ctx, now, claims, served)
 	// Per-operation limits are split over every replica with a fresh Lease,
 	// ring member or not yet: at a cold start that is the safer count.
 	fresh := 1
@@ -492,10 +506,9 @@ func (c *Coordinator) holdClaimsLocked(now time.Time, live []string, claims []Cl
 
 // readLeases sorts the coordination Leases: the partition claims, the
 // replica Leases by member, and the budget Lease.
-func (c *Coordinator) readLeases(leases []*coordv1.Lease) ([]Claim, map[string]*coordv1.Lease, *coordv1.Lease) {
-	claims := make([]Claim, c.cfg.Ring.Partitions)
-	present := map[string]*coordv1.Lease{}
-	var budgetLease *coordv1.Lease
+func (c *Coordinator) readLeases(leases []*coordv1.Lease) (claims []Claim, present map[string]*coordv1.Lease, budgetLease, balanceLease *coordv1.Lease) {
+	claims = make([]Claim, c.cfg.Ring.Partitions)
+	present = map[string]*coordv1.Lease{}
 	for _, l := range leases {
 		switch l.Labels[labelKind] {
 		case kindReplica:
@@ -508,9 +521,13 @@ func (c *Coordinator) readLeases(leases []*coordv1.Lease) ([]Claim, map[string]*
 			}
 		case kindBudget:
 			budgetLease = l
+		case kindBalance:
+			if l.Name == balanceLeaseName {
+				balanceLease = l
+			}
 		}
 	}
-	return claims, present, budgetLease
+	return claims, present, budgetLease, balanceLease
 }
 
 // applyWrittenLocked lets our own claim writes win over a watch that has not
@@ -717,18 +734,14 @@ func (c *Coordinator) release(ctx context.Context, p int, version string) {
 // reconcileNodesLocked starts and stops nodes so that exactly the BCC nodes
 // of Serving partitions are served, and completes the drain of partitions
 // whose nodes have all stopped.
-func (c *Coordinator) reconcileNodesLocked(ctx context.Context, now time.Time, claims []Claim) {
-	all, _ := c.nodeLister.List(labels.Everything())
-	exists := map[string]bool{}
+func (c *Coordinator) reconcileNodesLocked(ctx context.Context, now time.Time, claims []Claim, served []string) {
+	exists := make(map[string]bool, len(served))
 	var start []string
-	for _, n := range all {
-		if n.DeletionTimestamp != nil || !strings.HasPrefix(n.Spec.ProviderID, "cce://") {
-			continue
-		}
-		exists[n.Name] = true
-		p := PartitionOf(c.cfg.Ring.Partitions, n.Name)
-		if c.own.State(p) == Serving && c.nodeState[n.Name] == nodeAbsent && !now.Before(c.retryAt[n.Name]) {
-			start = append(start, n.Name)
+	for _, name := range served {
+		exists[name] = true
+		p := PartitionOf(c.cfg.Ring.Partitions, name)
+		if c.own.State(p) == Serving && c.nodeState[name] == nodeAbsent && !now.Before(c.retryAt[name]) {
+			start = append(start, name)
 		}
 	}
 	busy := map[int]bool{} // partitions with nodes not yet stopped
@@ -799,7 +812,7 @@ func (c *Coordinator) releaseOrphansLocked(ctx context.Context, now time.Time, c
 	}
 	var owners []string
 	if c.ring != nil {
-		owners = c.ring.Table().Owners
+		owners = c.tableLocked().Owners
 	}
 	for p, cl := range claims {
 		if cl.Holder != c.self || c.own.State(p) != Unowned || busy[p] || c.releasing[p] || (owners != nil && owners[p] == c.self) {

@@ -269,6 +269,19 @@ func TestCoordinator_ColdStartHoldsClaimsUntilSettled(t *testing.T) {
 	}
 }
 
+// refusePartitionCreates makes the fake API server refuse claim creates, so
+// 271 new objects do not overflow the fake watcher's 100-event channel
+// (which panics the informer); tests count the claims started instead.
+func refusePartitionCreates(c *Coordinator) {
+	c.kube.(*fake.Clientset).PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		l := a.(k8stesting.CreateAction).GetObject().(*coordv1.Lease)
+		if strings.HasPrefix(l.Name, partitionPrefix) {
+			return true, nil, errors.New("test: partition claims are not stored")
+		}
+		return false, nil, nil
+	})
+}
+
 type rateRecorder struct{}
 
 func (rateRecorder) SetRate(float64, int64) error { return nil }
@@ -278,16 +291,8 @@ func (rateRecorder) SetRate(float64, int64) error { return nil }
 func TestCoordinator_HeldStepClaimsNothing(t *testing.T) {
 	c, clk := newTestCoordinator(t)
 	c.cfg.ColdStartSettle = 2 * time.Second
-	// The claims are counted when they start; refuse their Lease creates so
-	// 271 new objects do not overflow the fake watcher's 100-event channel
-	// (which panics the informer).
-	c.kube.(*fake.Clientset).PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		l := a.(k8stesting.CreateAction).GetObject().(*coordv1.Lease)
-		if strings.HasPrefix(l.Name, partitionPrefix) {
-			return true, nil, errors.New("test: partition claims are not stored")
-		}
-		return false, nil, nil
-	})
+	// The claims are counted when they start.
+	refusePartitionCreates(c)
 	ctx := context.Background()
 	c.writeLease(ctx)
 	stop := make(chan struct{})
@@ -352,14 +357,14 @@ func TestCoordinator_BatchWaitsForClaimsInFlight(t *testing.T) {
 	c.claimsInFlight, c.claimsSince = 1, clk.Now()
 	clk.Step(2 * time.Second)
 	claims := make([]Claim, c.cfg.Ring.Partitions)
-	c.reconcileNodesLocked(ctx, clk.Now(), claims)
+	c.reconcileNodesLocked(ctx, clk.Now(), claims, c.servedNodes())
 	select {
 	case b := <-rec.batches:
 		t.Fatalf("served %v while a claim was in flight for 2 s, want the batch to wait for it", b)
 	case <-time.After(200 * time.Millisecond):
 	}
 	clk.Step(claimSettle)
-	c.reconcileNodesLocked(ctx, clk.Now(), claims)
+	c.reconcileNodesLocked(ctx, clk.Now(), claims, c.servedNodes())
 	select {
 	case b := <-rec.batches:
 		if len(b) != 1 || b[0] != node {

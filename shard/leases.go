@@ -13,9 +13,11 @@ const (
 	kindReplica       = "replica"
 	kindPartition     = "partition"
 	kindBudget        = "budget"
+	kindBalance       = "balance"
 	replicaLeasePrefx = "cce-ipam-replica-"
 	partitionPrefix   = "cce-ipam-partition-"
 	budgetLeaseName   = "cce-ipam-budget"
+	balanceLeaseName  = "cce-ipam-balance"
 
 	// Annotations of a replica Lease: how to reach it, and whether it is
 	// leaving (others then drop it from the ring at once).
@@ -25,6 +27,9 @@ const (
 	annoMember  = "cce.io/member"
 	// annoShares on the budget Lease: JSON {member: {rate, burst}}.
 	annoShares = "cce.io/budget-shares"
+	// annoPartitionNodes on the balance Lease: the node count of every
+	// partition, comma-separated (EncodePartitionNodes).
+	annoPartitionNodes = "cce.io/partition-nodes"
 )
 
 // ReplicaLeaseName is the Lease a replica renews.

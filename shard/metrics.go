@@ -20,6 +20,7 @@ type metrics struct {
 	forwarded         *prometheus.CounterVec
 	ownerWaits        *prometheus.CounterVec
 	forwardRejected   prometheus.Counter
+	balancePublished  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -44,6 +45,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		handoverDuration: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "cce_ipam_shard_handover_duration_seconds", Help: "From the ring giving this replica a partition until its nodes are served.",
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 12),
+		}),
+		balancePublished: f.NewCounter(prometheus.CounterOpts{
+			Name: "cce_ipam_shard_balance_published_total", Help: "Times this replica published the partitions' node counts (the ring's node balance moved).",
 		}),
 		renewFailures: f.NewCounter(prometheus.CounterOpts{
 			Name: "cce_ipam_shard_lease_renew_failures_total", Help: "Failed renewals of this replica's Lease.",

@@ -3,6 +3,7 @@ package shard
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"slices"
 
@@ -22,6 +23,10 @@ type RingConfig struct {
 	// Load bounds a member's share at Load × the average (bounded-load
 	// consistent hashing). Defaults to 1.05; must be above 1.
 	Load float64
+	// NodeLoad bounds a member's share of the nodes (see Ring.Balanced) at
+	// NodeLoad × the mean, and from below at the mean / NodeLoad. Defaults
+	// to 1.05; must be above 1.
+	NodeLoad float64
 }
 
 func (c RingConfig) withDefaults() RingConfig {
@@ -43,6 +48,9 @@ func (c RingConfig) withDefaults() RingConfig {
 	if c.Load == 0 {
 		c.Load = 1.05
 	}
+	if c.NodeLoad == 0 {
+		c.NodeLoad = 1.05
+	}
 	return c
 }
 
@@ -59,6 +67,8 @@ func (c RingConfig) Validate() error {
 		// consistent rounds the average down: at exactly 1 the bounds
 		// add up to fewer than the partitions and it panics.
 		return fmt.Errorf("ring: load %.2f must be above 1 or partitions cannot all be placed", c.Load)
+	case c.NodeLoad <= 1:
+		return fmt.Errorf("ring: node load %.2f must be above 1", c.NodeLoad)
 	}
 	return nil
 }
@@ -173,4 +183,79 @@ func Diff(old, next Table) ([]Move, error) {
 		}
 	}
 	return moves, nil
+}
+
+// Balanced returns the ring's table with partitions moved between members so
+// that each serves a near-even share of the nodes. weights[p] is the number
+// of nodes in partition p; every replica must pass the same weights (the
+// node set, from its informer) to agree on the table.
+//
+// The ring balances partitions, and nodes fall into partitions by hash: with
+// 1,000 nodes in 271 partitions the busiest of 3 replicas served up to 38 %
+// of them, and 4 replicas over 12 nodes left one with none in ~3 % of member
+// sets. Balanced leaves the ring's choice alone while every member's node
+// count is within NodeLoad of the mean (so adding or removing a node moves
+// no partition unless it pushes a member past a bound), and otherwise moves
+// partitions, lowest ID first, from the busiest members to the least busy
+// until the bounds hold or no move narrows the gap. Empty partitions stay
+// where the ring put them.
+func (r *Ring) Balanced(weights []int) (Table, error) {
+	if len(weights) != len(r.owners) {
+		return Table{}, fmt.Errorf("ring: %d partition weights for %d partitions", len(weights), len(r.owners))
+	}
+	owners := slices.Clone(r.owners)
+	idx := make(map[string]int, len(r.members))
+	for i, m := range r.members {
+		idx[m] = i
+	}
+	load := make([]int, len(r.members))
+	total := 0
+	for p, w := range weights {
+		if w < 0 {
+			return Table{}, fmt.Errorf("ring: partition %d has weight %d", p, w)
+		}
+		load[idx[owners[p]]] += w
+		total += w
+	}
+	if total == 0 {
+		return Table{Owners: owners}, nil
+	}
+	mean := float64(total) / float64(len(r.members))
+	hi := int(math.Ceil(mean * r.cfg.NodeLoad))
+	lo := int(math.Floor(mean / r.cfg.NodeLoad))
+	// Each move narrows a gap, so the sum of squared loads falls with every
+	// one; the cap is a guard, never reached in practice.
+	for range len(owners) {
+		// Members by load, busiest first; names break ties the same way on
+		// every replica.
+		order := make([]int, len(r.members))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortStableFunc(order, func(a, b int) int { return load[b] - load[a] })
+		least := order[len(order)-1]
+		if load[order[0]] <= hi && load[least] >= lo {
+			break
+		}
+		moved := false
+		for _, donor := range order[:len(order)-1] {
+			gap := load[donor] - load[least]
+			for p, w := range weights {
+				if w > 0 && w < gap && owners[p] == r.members[donor] {
+					owners[p] = r.members[least]
+					load[donor] -= w
+					load[least] += w
+					moved = true
+					break
+				}
+			}
+			if moved {
+				break
+			}
+		}
+		if !moved {
+			break
+		}
+	}
+	return Table{Owners: owners}, nil
 }

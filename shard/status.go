@@ -93,7 +93,7 @@ func (c *Coordinator) Status(leader func() (string, bool)) Status {
 		get(name).Live = true
 	}
 	if c.ring != nil {
-		for _, owner := range c.ring.Table().Owners {
+		for _, owner := range c.tableLocked().Owners {
 			get(owner).RingPartitions++
 		}
 	}
@@ -131,7 +131,7 @@ func (c *Coordinator) nodeStatus(node string) NodeStatus {
 	ns := NodeStatus{Node: node, Partition: rt.Partition, AnsweredBy: c.self, Served: rt.Local}
 	c.mu.Lock()
 	if c.ring != nil {
-		ns.RingOwner = c.ring.Owner(node)
+		ns.RingOwner = c.tableLocked().Owners[rt.Partition]
 	}
 	c.mu.Unlock()
 	switch {

@@ -3,10 +3,12 @@
 //
 // The pure parts: a consistent-hash Ring over the live members
 // (buraksezer/consistent v1.0.0 with xxhash, a prime partition count and
-// bounded load) that maps node → partition → owner, Table and Diff, and
-// Ownership, the fenced state machine of one replica's partitions. The driver,
-// Coordinator, runs Ownership against Leases in the API server (replica
-// Leases, partition claims by compare-and-swap, the budget split) and tells
+// bounded load) that maps node → partition → owner, Ring.Balanced that
+// evens out the members' shares of nodes given per-partition node counts,
+// Table and Diff, and Ownership, the fenced state machine of one replica's
+// partitions. The driver, Coordinator, runs Ownership against Leases in the
+// API server (replica Leases, partition claims by compare-and-swap, the
+// published node counts, the budget split) and tells
 // the IPAM which nodes to serve; Router is the CNI backend that serves a call
 // locally, forwards it once (HMAC-authenticated) to the owner, or holds it
 // while the node has no owner. DESIGN.md has the state diagram and the

@@ -327,3 +327,34 @@ func waitCounts(t *testing.T, c *Coordinator, raw string) {
 	}
 	t.Fatalf("the informer never showed the counts %q", raw)
 }
+
+// When a member leaves, its partitions move, and the balance moves a few of
+// the survivors' as well; both stay a small part of the nodes.
+func TestRing_BalancedMovesLittleOnLeave(t *testing.T) {
+	for _, tc := range []struct{ members, nodes int }{{3, 1000}, {3, 300}, {4, 1000}, {5, 3000}} {
+		var ringMoved, balMoved int
+		const sets = 100
+		for s := range sets {
+			ms := memberSet(s, tc.members)
+			counts := countsOf(271, nodes(tc.nodes))
+			before, _ := NewRing(RingConfig{}, ms)
+			after, _ := NewRing(RingConfig{}, ms[1:])
+			bb, _ := before.Balanced(counts)
+			ba, _ := after.Balanced(counts)
+			for p := range counts {
+				if before.owners[p] != ms[0] && before.owners[p] != after.owners[p] {
+					ringMoved += counts[p]
+				}
+				if bb.Owners[p] != ms[0] && bb.Owners[p] != ba.Owners[p] {
+					balMoved += counts[p]
+				}
+			}
+		}
+		ringShare := float64(ringMoved) / float64(sets*tc.nodes)
+		balShare := float64(balMoved) / float64(sets*tc.nodes)
+		t.Logf("%d members, %d nodes, one leaves: survivors' nodes moved %.1f %% (ring alone %.1f %%)", tc.members, tc.nodes, 100*balShare, 100*ringShare)
+		if balShare > 0.05 {
+			t.Errorf("a leave moved %.1f %% of the survivors' nodes, want under 5 %%", 100*balShare)
+		}
+	}
+}

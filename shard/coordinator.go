@@ -505,7 +505,7 @@ func (c *Coordinator) holdClaimsLocked(now time.Time, live []string, claims []Cl
 }
 
 // readLeases sorts the coordination Leases: the partition claims, the
-// replica Leases by member, and the budget Lease.
+// replica Leases by member, the budget Lease and the balance Lease.
 func (c *Coordinator) readLeases(leases []*coordv1.Lease) (claims []Claim, present map[string]*coordv1.Lease, budgetLease, balanceLease *coordv1.Lease) {
 	claims = make([]Claim, c.cfg.Ring.Partitions)
 	present = map[string]*coordv1.Lease{}

@@ -187,18 +187,17 @@ func Diff(old, next Table) ([]Move, error) {
 
 // Balanced returns the ring's table with partitions moved between members so
 // that each serves a near-even share of the nodes. weights[p] is the number
-// of nodes in partition p; every replica must pass the same weights (the
-// node set, from its informer) to agree on the table.
+// of nodes in partition p; every replica must pass the same weights to agree
+// on the table (the Coordinator passes the published counts, balance.go).
 //
 // The ring balances partitions, and nodes fall into partitions by hash: with
 // 1,000 nodes in 271 partitions the busiest of 3 replicas served up to 38 %
 // of them, and 4 replicas over 12 nodes left one with none in ~3 % of member
 // sets. Balanced leaves the ring's choice alone while every member's node
-// count is within NodeLoad of the mean (so adding or removing a node moves
-// no partition unless it pushes a member past a bound), and otherwise moves
-// partitions, lowest ID first, from the busiest members to the least busy
-// until the bounds hold or no move narrows the gap. Empty partitions stay
-// where the ring put them.
+// count is within NodeLoad of the mean, and otherwise moves partitions,
+// lowest ID first, from the busiest members to the least busy until the
+// bounds hold or no move narrows the gap. Empty partitions stay where the
+// ring put them.
 func (r *Ring) Balanced(weights []int) (Table, error) {
 	if len(weights) != len(r.owners) {
 		return Table{}, fmt.Errorf("ring: %d partition weights for %d partitions", len(weights), len(r.owners))

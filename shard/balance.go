@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 )
 
 // The ring balances partitions; Ring.Balanced moves partitions so that the
@@ -87,26 +87,27 @@ func loads(r *Ring, t Table, counts []int) map[string]int {
 	return out
 }
 
+// spread is the least and the most nodes any member serves.
 func spread(l map[string]int) (lo, hi int) {
-	first := true
-	for _, n := range l {
-		if first || n < lo {
-			lo = n
-		}
-		if first || n > hi {
-			hi = n
-		}
-		first = false
-	}
-	return lo, hi
+	ns := slices.Collect(maps.Values(l))
+	return slices.Min(ns), slices.Max(ns)
 }
 
-// RebalanceReason says why the counts in published (nil: none published)
-// should be replaced by actual, or "" when they should not: the members'
-// shares of the actual nodes under the published balance are within
-// NodeLoad² of the mean, or a balance over the actual counts would not
-// narrow them.
-func RebalanceReason(r *Ring, published, actual []int) (string, error) {
+// partitionCounts counts the nodes in each of the partitions.
+func partitionCounts(partitions int, nodes []string) []int {
+	counts := make([]int, partitions)
+	for _, n := range nodes {
+		counts[PartitionOf(partitions, n)]++
+	}
+	return counts
+}
+
+// RebalanceReason says why the table in use, inUse (the ring balanced with
+// the published counts), should be balanced again with the actual counts,
+// or "" when it should not: the members' shares of the actual nodes under
+// inUse are within NodeLoad² of the mean, or a balance over the actual
+// counts would not narrow them.
+func RebalanceReason(r *Ring, inUse Table, actual []int) (string, error) {
 	total := 0
 	for _, n := range actual {
 		total += n
@@ -114,15 +115,8 @@ func RebalanceReason(r *Ring, published, actual []int) (string, error) {
 	if total == 0 {
 		return "", nil
 	}
-	if published == nil {
-		return "no node counts published", nil
-	}
-	now, err := r.Balanced(published)
-	if err != nil {
-		return "", err
-	}
 	lo, hi := shareBounds(r.cfg, total, len(r.members))
-	curLo, curHi := spread(loads(r, now, actual))
+	curLo, curHi := spread(loads(r, inUse, actual))
 	if curLo >= lo && curHi <= hi {
 		return "", nil
 	}
@@ -143,41 +137,14 @@ func (c *Coordinator) publishBalance(ctx context.Context, counts []int) error {
 	client := c.kube.CoordinationV1().Leases(c.cfg.Namespace)
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	l, err := client.Get(ctx, balanceLeaseName, metav1.GetOptions{})
-	create := apierrors.IsNotFound(err)
-	if err != nil && !create {
-		return err
-	}
-	if create {
-		l = &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: balanceLeaseName, Labels: map[string]string{labelKind: kindBalance}}}
-	}
-	if l.Annotations == nil {
-		l.Annotations = map[string]string{}
-	}
-	l.Annotations[annoPartitionNodes] = EncodePartitionNodes(counts)
-	l.Annotations[annoMember] = c.self
-	if create {
-		_, err = client.Create(ctx, l, metav1.CreateOptions{})
-	} else {
-		_, err = client.Update(ctx, l, metav1.UpdateOptions{})
-	}
+	err := casAnnotations(ctx, client, balanceLeaseName, kindBalance, func(a map[string]string) {
+		a[annoPartitionNodes] = EncodePartitionNodes(counts)
+		a[annoMember] = c.self
+	})
 	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 		return errors.New("balance lease changed meanwhile")
 	}
 	return err
-}
-
-// servedNodes lists the nodes this controller serves: BCC nodes (a cce://
-// provider ID) not being deleted.
-func (c *Coordinator) servedNodes() []string {
-	all, _ := c.nodeLister.List(labels.Everything())
-	names := make([]string, 0, len(all))
-	for _, n := range all {
-		if n.DeletionTimestamp == nil && strings.HasPrefix(n.Spec.ProviderID, "cce://") {
-			names = append(names, n.Name)
-		}
-	}
-	return names
 }
 
 // readBalanceLocked decodes the balance Lease when it changed. Unreadable
@@ -237,14 +204,17 @@ func (c *Coordinator) maybePublishBalanceLocked(ctx context.Context, now time.Ti
 		return
 	}
 	b.lastCheck = now
-	actual := make([]int, c.cfg.Ring.Partitions)
-	for _, n := range served {
-		actual[PartitionOf(c.cfg.Ring.Partitions, n)]++
+	if len(served) == 0 {
+		return // nothing to balance
 	}
-	reason, err := RebalanceReason(c.ring, b.counts, actual)
-	if err != nil {
-		c.log.Error("balancing the ring", "err", err)
-		return
+	actual := partitionCounts(c.cfg.Ring.Partitions, served)
+	reason := "no node counts published"
+	if b.counts != nil {
+		var err error
+		if reason, err = RebalanceReason(c.ring, c.tableLocked(), actual); err != nil {
+			c.log.Error("balancing the ring", "err", err)
+			return
+		}
 	}
 	if reason == "" {
 		return

@@ -22,24 +22,8 @@ func memberSet(s, n int) []string {
 	return out
 }
 
-func countsOf(partitions int, ns []string) []int {
-	c := make([]int, partitions)
-	for _, n := range ns {
-		c[PartitionOf(partitions, n)]++
-	}
-	return c
-}
-
-func memberLoads(t Table, counts []int) map[string]int {
-	l := map[string]int{}
-	for p, o := range t.Owners {
-		l[o] += counts[p]
-	}
-	return l
-}
-
 // Balanced keeps every member within NodeLoad of the mean share of nodes,
-// where the ring alone gave one member of 3 up to 1.32× the mean (300
+// where the ring alone gave one member of 3 up to 1.31× the mean (300
 // nodes) and left one of 4 with no node of 12.
 func TestRing_BalancedBoundsNodeShares(t *testing.T) {
 	for _, tc := range []struct{ members, nodes int }{{3, 1000}, {3, 300}, {4, 12}, {3, 12}, {5, 3000}, {10, 1000}} {
@@ -50,14 +34,14 @@ func TestRing_BalancedBoundsNodeShares(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			counts := countsOf(r.cfg.Partitions, nodes(tc.nodes))
+			counts := partitionCounts(r.cfg.Partitions, nodes(tc.nodes))
 			bt, err := r.Balanced(counts)
 			if err != nil {
 				t.Fatal(err)
 			}
 			mean := float64(tc.nodes) / float64(tc.members)
 			lo, hi := int(math.Floor(mean/r.cfg.NodeLoad)), int(math.Ceil(mean*r.cfg.NodeLoad))
-			before, after := memberLoads(r.Table(), counts), memberLoads(bt, counts)
+			before, after := loads(r, r.Table(), counts), loads(r, bt, counts)
 			total := 0
 			for _, m := range ms {
 				total += after[m]
@@ -110,7 +94,7 @@ func TestRing_BalancedBadInput(t *testing.T) {
 }
 
 func TestPartitionNodes_RoundTrip(t *testing.T) {
-	counts := countsOf(271, nodes(1000))
+	counts := partitionCounts(271, nodes(1000))
 	got, err := DecodePartitionNodes(EncodePartitionNodes(counts), 271)
 	if err != nil {
 		t.Fatal(err)
@@ -165,8 +149,7 @@ func TestRebalance_PublishedCountsMoveLittle(t *testing.T) {
 		for s := range sets {
 			r, _ := NewRing(RingConfig{}, memberSet(s, tc.members))
 			all := nodes(tc.nodes + tc.added)
-			actual := countsOf(r.cfg.Partitions, all[:tc.nodes])
-			published := slices.Clone(actual)
+			actual := partitionCounts(r.cfg.Partitions, all[:tc.nodes])
 			liveT, _ := r.Balanced(actual)
 			pubT := liveT
 			for i := tc.nodes; i < len(all); i++ {
@@ -175,20 +158,19 @@ func TestRebalance_PublishedCountsMoveLittle(t *testing.T) {
 				d, _ := Diff(liveT, next)
 				liveMoves += len(d)
 				liveT = next
-				reason, err := RebalanceReason(r, published, actual)
+				reason, err := RebalanceReason(r, pubT, actual)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if reason != "" {
 					publications++
-					published = slices.Clone(actual)
-					next, _ = r.Balanced(published)
+					next, _ = r.Balanced(actual)
 					d, _ = Diff(pubT, next)
 					pubMoves += len(d)
 					pubT = next
 				}
 				lo, hi := shareBounds(r.cfg, i+1, tc.members)
-				for m, n := range memberLoads(pubT, actual) {
+				for m, n := range loads(r, pubT, actual) {
 					if n < lo || n > hi {
 						t.Fatalf("%d nodes: %s serves %d, outside %d–%d, and nothing was published", i+1, m, n, lo, hi)
 					}
@@ -264,7 +246,7 @@ func TestCoordinator_PublishesNodeCounts(t *testing.T) {
 	if !publishing {
 		t.Fatal("the only live member did not publish the node counts")
 	}
-	want := EncodePartitionNodes(countsOf(c.cfg.Ring.Partitions, nodes(40)))
+	want := EncodePartitionNodes(partitionCounts(c.cfg.Ring.Partitions, nodes(40)))
 	if got := published(); got != want {
 		t.Fatalf("published %q, want the counts of the 40 BCC nodes", got)
 	}
@@ -336,7 +318,7 @@ func TestRing_BalancedMovesLittleOnLeave(t *testing.T) {
 		const sets = 100
 		for s := range sets {
 			ms := memberSet(s, tc.members)
-			counts := countsOf(271, nodes(tc.nodes))
+			counts := partitionCounts(271, nodes(tc.nodes))
 			before, _ := NewRing(RingConfig{}, ms)
 			after, _ := NewRing(RingConfig{}, ms[1:])
 			bb, _ := before.Balanced(counts)

@@ -11,7 +11,6 @@ import (
 
 	coordv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // The cloud budget split (I5). The cluster-wide rate and burst are divided
@@ -315,46 +314,32 @@ func (b *budget) publish(ctx context.Context, mine func(shares map[string]Share)
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	for attempt := 0; attempt < 5; attempt++ {
-		l, err := client.Get(ctx, budgetLeaseName, metav1.GetOptions{})
-		create := apierrors.IsNotFound(err)
-		if err != nil && !create {
-			return err
-		}
-		if create {
-			l = &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: budgetLeaseName, Labels: map[string]string{labelKind: kindBudget}}}
-		}
-		shares := map[string]Share{}
-		if raw := l.Annotations[annoShares]; raw != "" {
-			if err := json.Unmarshal([]byte(raw), &shares); err != nil {
-				// A corrupt object: start over; every replica re-publishes.
-				b.c.log.Warn("budget lease has unreadable shares; resetting", "err", err)
-				shares = map[string]Share{}
+		err := casAnnotations(ctx, client, budgetLeaseName, kindBudget, func(a map[string]string) {
+			shares := map[string]Share{}
+			if raw := a[annoShares]; raw != "" {
+				if err := json.Unmarshal([]byte(raw), &shares); err != nil {
+					// A corrupt object: start over; every replica re-publishes.
+					b.c.log.Warn("budget lease has unreadable shares; resetting", "err", err)
+					shares = map[string]Share{}
+				}
 			}
-		}
-		now := b.c.clock.Now()
-		b.c.mu.Lock()
-		for m := range shares {
-			if m != b.c.self && b.c.expiredLocked(m, now) {
-				delete(shares, m)
+			now := b.c.clock.Now()
+			b.c.mu.Lock()
+			for m := range shares {
+				if m != b.c.self && b.c.expiredLocked(m, now) {
+					delete(shares, m)
+				}
 			}
-		}
-		b.c.mu.Unlock()
-		s := mine(shares)
-		if s.Rate <= 0 && !s.Busy {
-			delete(shares, b.c.self)
-		} else {
-			shares[b.c.self] = s
-		}
-		raw, _ := json.Marshal(shares)
-		if l.Annotations == nil {
-			l.Annotations = map[string]string{}
-		}
-		l.Annotations[annoShares] = string(raw)
-		if create {
-			_, err = client.Create(ctx, l, metav1.CreateOptions{})
-		} else {
-			_, err = client.Update(ctx, l, metav1.UpdateOptions{})
-		}
+			b.c.mu.Unlock()
+			s := mine(shares)
+			if s.Rate <= 0 && !s.Busy {
+				delete(shares, b.c.self)
+			} else {
+				shares[b.c.self] = s
+			}
+			raw, _ := json.Marshal(shares)
+			a[annoShares] = string(raw)
+		})
 		if err == nil {
 			return nil
 		}

@@ -731,6 +731,19 @@ func (c *Coordinator) release(ctx context.Context, p int, version string) {
 	}
 }
 
+// servedNodes lists the nodes this controller serves: BCC nodes (a cce://
+// provider ID) not being deleted.
+func (c *Coordinator) servedNodes() []string {
+	all, _ := c.nodeLister.List(labels.Everything())
+	names := make([]string, 0, len(all))
+	for _, n := range all {
+		if n.DeletionTimestamp == nil && strings.HasPrefix(n.Spec.ProviderID, "cce://") {
+			names = append(names, n.Name)
+		}
+	}
+	return names
+}
+
 // reconcileNodesLocked starts and stops nodes so that exactly the BCC nodes
 // of Serving partitions are served, and completes the drain of partitions
 // whose nodes have all stopped.

@@ -1,9 +1,15 @@
 package shard
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 )
 
 // The coordination objects, all coordination.k8s.io Leases in one namespace,
@@ -59,4 +65,29 @@ func checkMemberName(m string) error {
 		}
 	}
 	return nil
+}
+
+// casAnnotations reads the named Lease (a new one labelled kind when there is
+// none), lets edit change its annotations, and writes it back by
+// compare-and-swap on the version read. A write that lost a race fails with
+// the API's Conflict or AlreadyExists, for the caller to retry or drop.
+func casAnnotations(ctx context.Context, client coordclient.LeaseInterface, name, kind string, edit func(annotations map[string]string)) error {
+	l, err := client.Get(ctx, name, metav1.GetOptions{})
+	create := apierrors.IsNotFound(err)
+	if err != nil && !create {
+		return err
+	}
+	if create {
+		l = &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{labelKind: kind}}}
+	}
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	edit(l.Annotations)
+	if create {
+		_, err = client.Create(ctx, l, metav1.CreateOptions{})
+	} else {
+		_, err = client.Update(ctx, l, metav1.UpdateOptions{})
+	}
+	return err
 }

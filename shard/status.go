@@ -10,8 +10,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-
-	"k8s.io/apimachinery/pkg/labels"
 )
 
 // Status is a replica's view of the cluster, served at /shard/status for
@@ -60,7 +58,7 @@ type NodeStatus struct {
 // Status snapshots this replica's view. leader may be nil.
 func (c *Coordinator) Status(leader func() (string, bool)) Status {
 	now := c.clock.Now()
-	nodes, _ := c.nodeLister.List(labels.Everything())
+	nodes := c.servedNodes()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := Status{Self: c.self, LeaseValid: now.Before(c.leaseValidUntil), Partitions: c.cfg.Ring.Partitions, Ready: "ok"}
@@ -106,10 +104,7 @@ func (c *Coordinator) Status(leader func() (string, bool)) Status {
 		get(h).HeldPartitions++
 	}
 	for _, n := range nodes {
-		if n.DeletionTimestamp != nil || !strings.HasPrefix(n.Spec.ProviderID, "cce://") {
-			continue
-		}
-		if h := holders[PartitionOf(c.cfg.Ring.Partitions, n.Name)]; h != "" {
+		if h := holders[PartitionOf(c.cfg.Ring.Partitions, n)]; h != "" {
 			get(h).Nodes++
 		} else {
 			st.UnownedNodes++

@@ -24,10 +24,10 @@
 // takeover's ENI list) is marked Urgent: it does not queue behind the share
 // at all, and bears more RateLimit answers before it gives up. Housekeeping
 // marks its calls NoWait and skips a round rather than queue for a token, or
-// run while an Urgent call of the same operation is in flight or just ended. ListENIs can
-// keep only some instances' ENIs (ListENIsOptions.Instances), dropped page
-// by page, so a replica holds its share of a VPC's ENIs rather than all of
-// them.
+// run while an Urgent call of the same operation is in flight or just ended.
+// ListENIs can keep only some instances' ENIs (ListENIsOptions.Instances),
+// dropped page by page, so a replica holds its share of a VPC's ENIs rather
+// than all of them.
 //
 // Errors are *Error values classified by BCE's error code first (then HTTP
 // status, then the upstream's substrings), so callers branch with

@@ -207,9 +207,14 @@ func (c *Client) redact(s string) string {
 	return s
 }
 
-// do runs one logical call: wait for a token, call the SDK, and on RateLimit
-// back off with jitter and try again (up to ThrottleRetries). Every attempt
-// is timed and counted; the final result is counted once by class.
+// do runs one logical call: wait for a token, call the SDK (which itself
+// never retries: see newSDKConfig), and retry here what may succeed later:
+// RateLimit after a jittered backoff (up to ThrottleRetries), 5xx and
+// transport failures after an exponential jittered backoff (up to
+// SDKRetries). Every HTTP attempt takes its own token of the shared bucket
+// and passes the gate first, so the requests BCE sees never exceed the
+// tokens taken (I5). Every attempt is timed; the final result is counted
+// once by class.
 func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet) error) error {
 	if ctx.Value(urgentKey{}) != nil {
 		u := c.urgentCallsOf(op)
@@ -222,7 +227,9 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 		return c.skipped(op, resource, "an urgent call of the operation is in flight or just ended")
 	}
 	throttled := false // the last attempt was answered RateLimit
-	for attempt := 0; ; attempt++ {
+	throttles, failures := 0, 0
+	var last *Error // the previous attempt's failure
+	for {
 		if err := c.gateErr(); err != nil {
 			c.m.calls.WithLabelValues(op, ClassCanceled.String()).Inc()
 			return &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: "gated: " + err.Error(), cause: err}
@@ -235,12 +242,17 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 		// (Waiting for a token of this replica's share too, a third of the
 		// rate with three replicas, kept a takeover's ENI list, which
 		// collides with the other survivors', 2-3 s behind theirs.)
+		// A retry after a 5xx does take one: BCE counted the failed call.
 		if ol := c.opLimits[op]; ol != nil && !throttled {
 			switch {
 			case ctx.Value(urgentKey{}) != nil:
 				ol.TryTake() // spent if there, so housekeeping yields; never waited for
 			case ctx.Value(noWaitKey{}) != nil:
 				if !ol.TryTake() {
+					if last != nil { // a retry: report why the call failed
+						c.m.calls.WithLabelValues(op, last.Class.String()).Inc()
+						return last
+					}
 					return c.skipped(op, resource, ErrWouldWait.Error())
 				}
 			default:
@@ -272,21 +284,63 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 		}
 		e := classify(ctx, op, resource, err)
 		e.Message = c.redact(e.Message)
-		if e.Class == ClassRateLimit {
+		last, throttled = e, false
+		var backoff time.Duration
+		switch {
+		case e.Class == ClassRateLimit:
 			c.m.throttled.WithLabelValues(op).Inc()
-			if attempt < c.throttleRetries(ctx) {
-				backoff := c.throttleBackoff(op)
-				throttled = true
-				c.log.Debug("bce throttled, backing off", "op", op, "resource", resource, "attempt", attempt+1, "backoff", backoff)
-				if sleepCtx(ctx, backoff) == nil {
-					continue
-				}
-				e = &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: ctx.Err().Error(), cause: ctx.Err()}
+			if throttles < c.throttleRetries(ctx) {
+				throttles++
+				backoff, throttled = c.throttleBackoff(op), true
+				c.log.Debug("bce throttled, backing off", "op", op, "resource", resource, "attempt", throttles, "backoff", backoff)
 			}
+		case ctx.Err() == nil && failures < c.cfg.SDKRetries && sdkRetryable(err, s.rt):
+			backoff = c.failureBackoff(failures)
+			failures++
+			c.log.Debug("bce call failed, retrying", "op", op, "resource", resource, "retry", failures, "backoff", backoff, "err", e.Message)
+		}
+		if backoff > 0 {
+			if sleepCtx(ctx, backoff) == nil {
+				continue
+			}
+			e = &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: ctx.Err().Error(), cause: ctx.Err()}
 		}
 		c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
 		return e
 	}
+}
+
+// sdkRetryable is the SDK's own retry rule (bce.BackOffRetryPolicy), which
+// this client now applies itself: a request that failed in transport (unless
+// the context or the attempt's timeout ended it), 500, 502, 503, a 400 with
+// code Http400, and RequestExpired (a retry is signed afresh).
+func sdkRetryable(err error, rt *ctxTransport) bool {
+	var se *bce.BceServiceError
+	var ce *bce.BceClientError
+	switch {
+	case errors.As(err, &se):
+		switch se.StatusCode {
+		case http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable:
+			return true
+		case http.StatusBadRequest:
+			return se.Code == "Http400"
+		}
+		return se.Code == bce.EREQUEST_EXPIRED
+	case errors.As(err, &ce):
+		// Only a request that was sent: the SDK's argument checks fail
+		// with the same type, and would fail again.
+		return rt.sent() && !strings.Contains(ce.Message, "context deadline exceeded") &&
+			!strings.Contains(ce.Message, "context canceled")
+	}
+	return false
+}
+
+// failureBackoff is the wait before retry n (from 0) of a call that failed
+// with 5xx or in transport: the SDK's SDKRetryBase·2^n capped at 20 s, with
+// jitter × [0.5, 1.5) so that replicas hit by one outage do not retry in step.
+func (c *Client) failureBackoff(n int) time.Duration {
+	d := min(c.cfg.SDKRetryBase<<min(n, 30), 20*time.Second)
+	return time.Duration(float64(d) * (0.5 + rand.Float64()))
 }
 
 // skipped fails a NoWait call that would have had to wait.

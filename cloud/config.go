@@ -46,9 +46,11 @@ type Config struct {
 	// ThrottleBackoff is the base of the jittered wait after RateLimit: the
 	// wait is base × [1,6), as upstream. Default 200ms.
 	ThrottleBackoff time.Duration
-	// SDKRetries and SDKRetryBase configure the SDK's own retry of 5xx and
-	// transport errors (delay base·2^n, capped at 20 s). Default 3 and 300ms;
-	// negative SDKRetries disables the SDK's retries.
+	// SDKRetries and SDKRetryBase configure the retries of a call that
+	// failed with 5xx or in transport, the classes the SDK used to retry
+	// (delay base·2^n, capped at 20 s, jittered). This client retries, not
+	// the SDK, so each retry takes its own token and passes the gate.
+	// Default 3 and 300ms; negative disables.
 	SDKRetries   int
 	SDKRetryBase time.Duration
 	// Timeout bounds one HTTP attempt. Default 20s; at least 1s (the SDK
@@ -147,8 +149,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&c.Burst, "bce-burst", d.Burst, "client-side BCE API burst")
 	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", d.ThrottleRetries, "retries of a call BCE answered with RateLimit, four times as many for a takeover's ENI list (negative disables)")
 	fs.DurationVar(&c.ThrottleBackoff, "bce-throttle-backoff", d.ThrottleBackoff, "base of the jittered backoff after RateLimit (never shorter than the operation's interval under --bce-op-limits, e.g. 1 s for ListENIs)")
-	fs.IntVar(&c.SDKRetries, "bce-sdk-retries", d.SDKRetries, "SDK retries of 5xx and transport errors (negative disables)")
-	fs.DurationVar(&c.SDKRetryBase, "bce-sdk-retry-base", d.SDKRetryBase, "base delay of the SDK's exponential retry")
+	fs.IntVar(&c.SDKRetries, "bce-sdk-retries", d.SDKRetries, "retries of a call that failed with 5xx or a transport error, each taking its own token (negative disables)")
+	fs.DurationVar(&c.SDKRetryBase, "bce-sdk-retry-base", d.SDKRetryBase, "base delay of the exponential, jittered retry after 5xx or a transport error")
 	fs.DurationVar(&c.Timeout, "bce-timeout", d.Timeout, "timeout of one BCE HTTP attempt")
 	fs.IntVar(&c.PageSize, "bce-page-size", d.PageSize, "maxKeys of BCE list calls")
 	c.OpLimits = DefaultOpLimits()

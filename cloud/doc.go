@@ -15,9 +15,11 @@
 // whenever this replica's share of the global BCE budget changes. A call BCE
 // throttles (RateLimit) is retried after a jittered backoff (at least the
 // operation's cluster-wide interval, without a second token of its
-// per-operation share: BCE did not count the rejected call), and each mutation
-// carries a fresh clientToken so the SDK's own retry after a 5xx cannot apply
-// it twice.
+// per-operation share: BCE did not count the rejected call). A 5xx or a
+// transport failure is retried by the client too, not by the SDK, so every
+// HTTP request takes its own token and passes the gate; each mutation
+// carries one clientToken for all its attempts, so a retry after a 5xx
+// cannot apply it twice.
 //
 // Per-operation limits (ListENIs: about one a second for the whole cluster)
 // are split the same way (SetOpShare). A call pods are waiting on (a

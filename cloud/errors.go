@@ -39,7 +39,7 @@ const (
 	ClassAuth
 	// ClassInvalidRequest: BCE (or this client, before calling) refused the input.
 	ClassInvalidRequest
-	// ClassServer: BCE failed with 5xx even after the SDK's retries.
+	// ClassServer: BCE failed with 5xx even after the retries (SDKRetries).
 	ClassServer
 	// ClassTransport: no answer (connection refused, timeout).
 	ClassTransport

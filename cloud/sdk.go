@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/baidubce/bce-sdk-go/auth"
@@ -36,7 +37,6 @@ func newSDKConfig(cfg Config, ak, sk string) (*bce.BceClientConfiguration, error
 	if err != nil {
 		return nil, err
 	}
-	base := cfg.SDKRetryBase.Milliseconds()
 	return &bce.BceClientConfiguration{
 		Endpoint:    cfg.Endpoint,
 		Region:      cfg.Region,
@@ -46,7 +46,11 @@ func newSDKConfig(cfg Config, ak, sk string) (*bce.BceClientConfiguration, error
 			HeadersToSign: auth.DEFAULT_HEADERS_TO_SIGN,
 			ExpireSeconds: auth.DEFAULT_EXPIRE_SECONDS,
 		},
-		Retry:                     bce.NewBackOffRetryPolicy(max(0, cfg.SDKRetries), 20_000, base),
+		// The SDK must not retry on its own: its retries re-sent a failed
+		// request up to SDKRetries times on one token of the client-side
+		// bucket, so BCE saw several requests per token under a 5xx storm
+		// (I5). Client.do retries instead, one token per attempt.
+		Retry:                     bce.NewNoRetryPolicy(),
 		ConnectionTimeoutInMillis: int(cfg.Timeout.Milliseconds()),
 	}, nil
 }
@@ -63,11 +67,14 @@ type ctxTransport struct {
 	base http.RoundTripper
 	ctx  context.Context
 
+	attempts atomic.Int32 // requests handed to the transport
+
 	mu      sync.Mutex
 	cleanup []func()
 }
 
 func (t *ctxTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	t.attempts.Add(1)
 	if t.ctx.Done() == nil {
 		return t.base.RoundTrip(r)
 	}
@@ -78,6 +85,9 @@ func (t *ctxTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	t.mu.Unlock()
 	return t.base.RoundTrip(r.WithContext(ctx))
 }
+
+// sent reports whether the call handed a request to the transport.
+func (t *ctxTransport) sent() bool { return t.attempts.Load() > 0 }
 
 // close releases the per-attempt contexts; call it after the SDK has read
 // the response body, i.e. when the SDK call returned.
@@ -91,6 +101,8 @@ func (t *ctxTransport) close() {
 }
 
 // newClientToken returns a random idempotency token for one logical call.
+// Every retry of the call (Client.do) re-sends the same token, so a retry
+// after a 5xx cannot apply a mutation twice.
 func newClientToken() string {
 	var b [16]byte
 	rand.Read(b[:])

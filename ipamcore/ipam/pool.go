@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/clock"
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
@@ -25,21 +26,38 @@ import (
 func (i *IPAM) poolWorker(ctx context.Context, n *node) {
 	tick := i.deps.Clock.NewTicker(i.cfg.PoolCheckPeriod)
 	defer tick.Stop()
+	unsettled := unsettledTrims{}
 	n.poke() // bring a fresh node up to IdleMin at once
 	for {
+		// Wake for the earliest settling read too: the ticker may be
+		// far away, and unsettled addresses are out of the pool.
+		var settle <-chan time.Time
+		var timer clock.Timer
+		if due, ok := unsettled.next(); ok {
+			timer = i.deps.Clock.NewTimer(max(due.Sub(i.deps.Clock.Now()), 0))
+			settle = timer.C()
+		}
 		select {
 		case <-ctx.Done():
+			if timer != nil {
+				timer.Stop()
+			}
 			return
 		case <-n.wake:
 		case <-tick.C():
+		case <-settle:
 		}
-		i.balance(ctx, n)
+		if timer != nil {
+			timer.Stop()
+		}
+		i.settleTrims(ctx, n, unsettled)
+		i.balance(ctx, n, unsettled)
 	}
 }
 
 // balance grows the pool while plans say so and calls succeed, then trims
 // what exceeds IdleMax and returns queued cross-subnet addresses.
-func (i *IPAM) balance(ctx context.Context, n *node) {
+func (i *IPAM) balance(ctx context.Context, n *node, unsettled unsettledTrims) {
 	for round := 0; round < 10 && ctx.Err() == nil; round++ {
 		if i.mayAct(n.name) != nil {
 			return // the node is moving away; the next owner keeps its pool
@@ -52,7 +70,7 @@ func (i *IPAM) balance(ctx context.Context, n *node) {
 		plan := pool.PlanGrow(i.poolCfg, n.capacity, st, n.backoffs(), now)
 		if plan.Need == 0 {
 			if trim := pool.PlanTrim(i.poolCfg, st, now); len(trim) > 0 {
-				i.trim(ctx, n, trim)
+				i.trim(ctx, n, trim, unsettled)
 			}
 			i.returnQueued(ctx, n)
 			return
@@ -184,7 +202,7 @@ func (i *IPAM) addToStore(ctx context.Context, n *node, eniID string, addrs []st
 
 // trim returns planned idle addresses to the cloud. They are held first so
 // that no allocation can take one while the delete is in flight.
-func (i *IPAM) trim(ctx context.Context, n *node, plan []pool.IdleIP) {
+func (i *IPAM) trim(ctx context.Context, n *node, plan []pool.IdleIP, unsettled unsettledTrims) {
 	byENI := map[string][]netip.Addr{}
 	for _, ip := range plan {
 		byENI[ip.ENIID] = append(byENI[ip.ENIID], ip.Addr)
@@ -194,16 +212,35 @@ func (i *IPAM) trim(ctx context.Context, n *node, plan []pool.IdleIP) {
 		if err != nil || len(held) == 0 {
 			continue
 		}
-		i.deleteFromCloud(ctx, n, eniID, held)
+		i.deleteFromCloud(ctx, n, eniID, held, unsettled)
 	}
 }
 
 // deleteFromCloud deletes held addresses from the cloud and then forgets
-// them; on failure they are put back into the pool.
-func (i *IPAM) deleteFromCloud(ctx context.Context, n *node, eniID string, held []netip.Addr) {
+// them. A failure that certainly changed nothing puts them back into the
+// pool. One whose outcome is unclear (a 5xx, a timeout or reset after the
+// request went out: BCE may have applied the delete) keeps them held out of
+// the pool, recorded in unsettled, until a read of the ENI settles them:
+// handing out an address that is no longer on the ENI would give a pod an
+// IP that does not route, or one the subnet gives to someone else.
+func (i *IPAM) deleteFromCloud(ctx context.Context, n *node, eniID string, held []netip.Addr, unsettled unsettledTrims) {
 	for chunk := range slices.Chunk(held, cloud.MaxBatchIPs) {
-		if err := i.batchDelete(ctx, eniID, chunk); err != nil {
-			n.setCloudError(err)
+		err := i.batchDelete(ctx, eniID, chunk)
+		if err == nil {
+			for _, a := range chunk {
+				if _, err := i.store.RemoveIP(n.name, a); err != nil {
+					i.log.Error("could not forget a deleted IP", "node", n.name, "ip", a, "err", err)
+				}
+			}
+			i.metrics.poolReturned.Add(float64(len(chunk)))
+			continue
+		}
+		n.setCloudError(err)
+		class := cloud.ClassOf(err)
+		i.metrics.poolErrors.WithLabelValues(class.String()).Inc()
+		if deleteNotApplied(err) {
+			i.log.Warn("trimming the pool failed; the IPs stay in the pool", "node", n.name, "eni", eniID,
+				"ips", len(chunk), "class", class.String(), "err", err)
 			for _, a := range chunk {
 				if _, uerr := i.store.Unhold(n.name, a, nil, i.deps.Clock.Now()); uerr != nil {
 					i.log.Error("could not return a held IP to the pool", "node", n.name, "ip", a, "err", uerr)
@@ -211,12 +248,129 @@ func (i *IPAM) deleteFromCloud(ctx context.Context, n *node, eniID string, held 
 			}
 			continue
 		}
+		due := i.deps.Clock.Now().Add(trimSettleAfter)
 		for _, a := range chunk {
-			if _, err := i.store.RemoveIP(n.name, a); err != nil {
-				i.log.Error("could not forget a deleted IP", "node", n.name, "ip", a, "err", err)
-			}
+			unsettled[a] = unsettledTrim{eniID: eniID, due: due}
 		}
-		i.metrics.poolReturned.Add(float64(len(chunk)))
+		i.log.Warn("trimming the pool had an unclear outcome; the IPs stay out of the pool until a read of the ENI settles them",
+			"node", n.name, "eni", eniID, "ips", chunk, "class", class.String(), "settle_in", trimSettleAfter, "err", err)
+	}
+}
+
+// deleteNotApplied reports whether a failed delete certainly changed
+// nothing in the cloud: BCE refused it before acting (throttled, invalid,
+// unauthorised, over a quota) or this client never sent it (a NoWait call
+// skipped for want of a token). Anything else (a 5xx, a transport error,
+// a context that ended while the request may have been out, an unknown
+// failure) may have been applied.
+func deleteNotApplied(err error) bool {
+	switch cloud.ClassOf(err) {
+	case cloud.ClassRateLimit, cloud.ClassInvalidRequest, cloud.ClassAuth, cloud.ClassQuotaExceeded:
+		return true
+	case cloud.ClassCanceled:
+		return errors.Is(err, cloud.ErrWouldWait)
+	}
+	return false
+}
+
+// trimSettleAfter is how long after an unclear delete its addresses are read
+// back: a read taken at once could come from a replica that has not seen
+// the delete yet and show an address that is gone. trimSettleRetry spaces the
+// reads while they fail.
+const (
+	trimSettleAfter = 3 * time.Second
+	trimSettleRetry = 15 * time.Second
+)
+
+// unsettledTrim is a trimmed address whose delete had an unclear outcome; it
+// is held (HoldReleasing) until settleTrims reads its ENI at due.
+type unsettledTrim struct {
+	eniID string
+	due   time.Time
+}
+
+// unsettledTrims belongs to one node's pool worker (only its goroutine
+// touches it).
+type unsettledTrims map[netip.Addr]unsettledTrim
+
+// next returns the earliest due time.
+func (u unsettledTrims) next() (time.Time, bool) {
+	var first time.Time
+	for _, x := range u {
+		if first.IsZero() || x.due.Before(first) {
+			first = x.due
+		}
+	}
+	return first, !first.IsZero()
+}
+
+// settleTrims reads the ENIs of the unsettled addresses that are due (one
+// GetENI per ENI) and decides them: still listed, an address goes back to
+// the pool (cooling, as if just released); not listed (or its ENI is gone),
+// it was deleted and is forgotten. An address the store no longer holds
+// (its ENI was dropped) is simply forgotten here.
+func (i *IPAM) settleTrims(ctx context.Context, n *node, unsettled unsettledTrims) {
+	if len(unsettled) == 0 {
+		return
+	}
+	now := i.deps.Clock.Now()
+	byENI := map[string][]netip.Addr{}
+	for a, x := range unsettled {
+		info, err := i.store.LookupIP(a)
+		if err != nil || info.Node != n.name || info.State != datastore.StateHeld || info.HoldReason != datastore.HoldReleasing {
+			delete(unsettled, a)
+			continue
+		}
+		if !x.due.After(now) {
+			byENI[x.eniID] = append(byENI[x.eniID], a)
+		}
+	}
+	for eniID, addrs := range byENI {
+		if ctx.Err() != nil || i.mayAct(n.name) != nil {
+			return // the node is moving away; the next owner reads the cloud afresh
+		}
+		listed := map[netip.Addr]bool{}
+		e, err := i.deps.Cloud.GetENI(ctx, eniID)
+		switch {
+		case err == nil:
+			for _, p := range e.PrivateIPs {
+				if a, perr := netip.ParseAddr(p.Address); perr == nil {
+					listed[a.Unmap()] = true
+				}
+			}
+		case errors.Is(err, cloud.ErrENINotFound):
+			// The ENI is gone, and its addresses with it.
+		default:
+			i.log.Warn("reading an ENI to settle unclear trims failed; will retry", "node", n.name, "eni", eniID,
+				"ips", len(addrs), "retry_in", trimSettleRetry, "err", err)
+			for _, a := range addrs {
+				unsettled[a] = unsettledTrim{eniID: eniID, due: now.Add(trimSettleRetry)}
+			}
+			continue
+		}
+		back, gone := 0, 0
+		for _, a := range addrs {
+			delete(unsettled, a)
+			if listed[a] {
+				if _, err := i.store.Unhold(n.name, a, nil, i.deps.Clock.Now()); err != nil {
+					i.log.Error("could not return a settled IP to the pool", "node", n.name, "ip", a, "err", err)
+					continue
+				}
+				back++
+				continue
+			}
+			if _, err := i.store.RemoveIP(n.name, a); err != nil {
+				i.log.Error("could not forget a settled IP", "node", n.name, "ip", a, "err", err)
+				continue
+			}
+			gone++
+		}
+		i.metrics.poolReturned.Add(float64(gone))
+		i.log.Info("settled unclear trims by reading the ENI", "node", n.name, "eni", eniID,
+			"back_in_pool", back, "deleted", gone)
+		if back > 0 {
+			n.refill()
+		}
 	}
 }
 

@@ -1,0 +1,73 @@
+//go:build integration
+
+package ipam_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/cce-ipam/sharded/cloud/bcesim"
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
+)
+
+// A trim whose delete BCE applies but answers 500 (every SDK retry too: the
+// clientToken makes the retries return the cached outcome, and the armed
+// fault fails each of them) has an unclear outcome. The trimmed addresses
+// must stay out of the pool until a read of the ENI settles them: no
+// AllocateIP may hand out an address bce-sim no longer has on the ENI, and
+// once settled the datastore and the cloud agree again.
+func TestIPAM_AmbiguousTrimNeverHandsOutDeletedIP(t *testing.T) {
+	// A long PoolCheckPeriod: the worker runs on pokes (releases that
+	// overfill the pool, allocations that find it empty), so the trim
+	// happens once per release and nothing else re-trims in between.
+	e := newEnv(t, "am", 1, ipam.Config{IdleMin: 1, IdleMax: 2, BatchAdd: 4, Cooldown: 100 * time.Millisecond,
+		AllocateWait: 10 * time.Second, PoolCheckPeriod: time.Hour, ENISyncPeriod: time.Hour})
+	node, inst := e.nodes[0], e.instance[e.nodes[0]]
+
+	first := e.createPods("a", 8)
+	if got := e.allocateAll(first, 1); len(got) != len(first) {
+		t.Fatalf("%d of %d pods got an IP", len(got), len(first))
+	}
+	// Trim only considers addresses older than the planner's MinLifetime
+	// (5 s): let them age so the releases below trim at once.
+	time.Sleep(6 * time.Second)
+	before := len(e.cloudIPs()[inst])
+
+	// Every delete is applied, then answered 500.
+	if err := e.sim.SetFaults(bcesim.Faults{FailAfterMutation: map[bcesim.Op]int{bcesim.OpBatchDeletePrivateIP: 1000}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range first {
+		if _, err := e.release(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 20*time.Second, "a trim applied in bce-sim", func() bool {
+		return len(e.cloudIPs()[inst]) < before
+	})
+	// Let every release's trim finish.
+	time.Sleep(time.Second)
+
+	// Every allocation must get an address bce-sim has on the ENI now.
+	second := e.createPods("b", 6)
+	for _, p := range second {
+		reply, err := e.allocate(p)
+		if err != nil {
+			t.Fatalf("allocate %s: %v", p.name, err)
+		}
+		if !e.cloudIPs()[inst][reply.IP] {
+			t.Fatalf("AllocateIP handed %s to %s, but bce-sim no longer has it on ENI %s (an applied delete answered 500 put it back in the pool)",
+				reply.IP, p.name, reply.ENIID)
+		}
+	}
+	if err := e.sim.SetFaults(bcesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	// Settled: no address is left unsettled and the datastore holds
+	// exactly the cloud's addresses.
+	eventually(t, 30*time.Second, "unsettled addresses settled", func() bool {
+		st := e.stats(node)
+		return st.Held == 0 && st.Total == len(e.cloudIPs()[inst])
+	})
+	e.checkNoLeak()
+}

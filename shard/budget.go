@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	coordv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // The cloud budget split (I5). The cluster-wide rate and burst are divided
@@ -24,7 +26,11 @@ import (
 // replica's actual rate is at most its published share. A replica whose
 // lease is at risk loses its share at once (its gate closes) and must win it
 // back by CAS; entries of replicas whose lease expired are dropped by
-// whoever raises next (an expired replica is fenced: it makes no calls).
+// whoever raises next (an expired replica is fenced: it makes no calls),
+// once a direct read of that replica's Lease confirms the expiry. A replica
+// that finds its own entry gone (or invalid) drops to zero and asks again:
+// the room may have been taken. Entries that are not a usable share
+// (negative, NaN, infinite, absurd) are ignored.
 
 // Share is one replica's part of the budget. Busy tells the others that it
 // could use more (see demandTarget).
@@ -44,7 +50,8 @@ type budget struct {
 	granted   bool  // share published and in force
 	live      []string
 	replicas  int              // replicas with a fresh Lease (per-operation split)
-	published map[string]Share // the budget Lease as last watched
+	published map[string]Share // the budget Lease as last watched, valid entries only
+	invalid   string           // invalid entries last logged, to log each change once
 
 	// Demand, measured on the limiter between adjustments.
 	lastTaken, lastWaited int64
@@ -97,18 +104,66 @@ func (c *Coordinator) Budget() Share {
 	return c.budget.share
 }
 
+// Bounds of a usable share: no limiter runs faster (cloud's checkRate
+// refuses rates above 1e9), and sums of bursts must not overflow int64.
+const (
+	maxShareRate  = 1e9
+	maxShareBurst = 1 << 40
+)
+
+// validShare: a share that can be summed and used as a rate. Any other
+// value in the Lease is not one a replica wrote (SetRate refuses it): a
+// corruption, or a foreign writer.
+func validShare(s Share) bool {
+	return s.Rate >= 0 && s.Rate <= maxShareRate && s.Burst >= 0 && s.Burst <= maxShareBurst // false for NaN
+}
+
+// parseShares decodes the shares annotation entry by entry, so that one bad
+// entry does not hide the others. Invalid entries are left out (treated as
+// zero) and named in invalid; err means the whole value is unreadable.
+func parseShares(raw string) (shares map[string]Share, invalid []string, err error) {
+	shares = map[string]Share{}
+	if raw == "" {
+		return shares, nil, nil
+	}
+	var entries map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(raw), &entries); err != nil {
+		return map[string]Share{}, nil, err
+	}
+	for m, e := range entries {
+		var s Share
+		if json.Unmarshal(e, &s) != nil || !validShare(s) {
+			invalid = append(invalid, m)
+			continue
+		}
+		shares[m] = s
+	}
+	slices.Sort(invalid)
+	return shares, invalid, nil
+}
+
 // observe takes the live set and the budget Lease from the loop (called
 // under c.mu).
 func (b *budget) observe(l *coordv1.Lease, live []string, replicas int) {
 	published := map[string]Share{}
+	var invalid []string
 	if l != nil {
-		_ = json.Unmarshal([]byte(l.Annotations[annoShares]), &published) // unreadable: treated as empty
+		var err error
+		published, invalid, err = parseShares(l.Annotations[annoShares])
+		if err != nil {
+			invalid = []string{"(unreadable: " + err.Error() + ")"} // treated as empty
+		}
 	}
 	b.mu.Lock()
 	b.live = slices.Clone(live)
 	b.published = published
 	b.replicas = replicas
+	logIt := fmt.Sprint(invalid) != b.invalid
+	b.invalid = fmt.Sprint(invalid)
 	b.mu.Unlock()
+	if logIt && len(invalid) > 0 {
+		b.c.log.Warn("budget lease has invalid shares; ignoring them", "members", invalid)
+	}
 }
 
 // demandTarget follows demand: a replica that is idle keeps what it uses
@@ -203,6 +258,12 @@ func (b *budget) adjust(ctx context.Context) {
 		}
 		return
 	}
+	if _, ok := published[b.c.self]; granted && !ok && b.ownShareGone(ctx) {
+		// Someone dropped our entry (or the object was reset): the room may
+		// have been handed out. Stop spending it, then ask again below.
+		b.loseShare("this replica's share is gone from the budget lease")
+		cur, granted = Share{}, false
+	}
 	busy, need := true, 0.0 // everyone busy: the even split
 	if b.c.cfg.BudgetFollowDemand {
 		busy, need = b.demand(cur)
@@ -259,6 +320,57 @@ func (b *budget) adjust(ctx context.Context) {
 	}
 }
 
+// errShareLost: a publish found this replica's entry gone from the Lease.
+var errShareLost = errors.New("this replica's share is gone from the budget lease")
+
+// loseShare drops a share that is no longer published (the gate closes);
+// the next raise asks for one again by CAS.
+func (b *budget) loseShare(why string) {
+	b.mu.Lock()
+	had := b.share
+	b.mu.Unlock()
+	b.c.log.Warn("dropping the budget share", "reason", why, "had", had.Rate)
+	b.set(Share{}, false)
+}
+
+// ownShareGone confirms with a direct read of the budget Lease that this
+// replica's entry is missing or invalid: a watch that has not caught up
+// with our own publish shows none either. A failed read confirms nothing.
+func (b *budget) ownShareGone(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	l, err := b.c.kube.CoordinationV1().Leases(b.c.cfg.Namespace).Get(ctx, budgetLeaseName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return true
+	}
+	if err != nil {
+		b.c.log.Debug("reading the budget lease failed", "err", err)
+		return false
+	}
+	shares, _, err := parseShares(l.Annotations[annoShares])
+	_, ok := shares[b.c.self]
+	return err != nil || !ok
+}
+
+// confirmExpired checks, with a direct read of m's replica Lease rather than
+// the watch, that m is expired as this replica judged it: the Lease is still
+// the version we saw a whole lease duration ago, or absent in both views. A
+// stalled watch makes every peer look dead; their shares must stay (the same
+// rule as a claim's takeover, claimIO).
+func (b *budget) confirmExpired(ctx context.Context, m string) bool {
+	b.c.mu.Lock()
+	o := b.c.seen[m]
+	b.c.mu.Unlock()
+	l, err := b.c.kube.CoordinationV1().Leases(b.c.cfg.Namespace).Get(ctx, ReplicaLeaseName(m), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return o.version == "" // else gone only now: wait a lease duration from here
+	case err != nil:
+		return false
+	}
+	return o.version != "" && l.ResourceVersion == o.version
+}
+
 // revoke closes the gate until a share is won again by CAS.
 func (b *budget) revoke() {
 	b.mu.Lock()
@@ -308,29 +420,53 @@ func (b *budget) set(s Share, granted bool) {
 }
 
 // publish CASes this replica's entry (computed from the current shares by
-// mine) into the budget Lease, dropping entries of expired replicas.
+// mine) into the budget Lease, dropping entries of replicas whose expiry a
+// direct read of their Lease confirms, and invalid entries. If this replica
+// holds a share but the Lease read for the CAS has no (valid) entry for it,
+// it writes nothing, drops its share and returns errShareLost: writing the
+// old share back unchecked could put the sum above the budget.
 func (b *budget) publish(ctx context.Context, mine func(shares map[string]Share) Share) error {
 	client := b.c.kube.CoordinationV1().Leases(b.c.cfg.Namespace)
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	b.mu.Lock()
+	held := b.granted
+	b.mu.Unlock()
+	confirmed := map[string]bool{} // expiry confirmed by a direct read, per member
 	for attempt := 0; attempt < 5; attempt++ {
+		lost := false
 		err := casAnnotations(ctx, client, budgetLeaseName, kindBudget, func(a map[string]string) {
-			shares := map[string]Share{}
-			if raw := a[annoShares]; raw != "" {
-				if err := json.Unmarshal([]byte(raw), &shares); err != nil {
-					// A corrupt object: start over; every replica re-publishes.
-					b.c.log.Warn("budget lease has unreadable shares; resetting", "err", err)
-					shares = map[string]Share{}
-				}
+			shares, invalid, err := parseShares(a[annoShares])
+			if err != nil {
+				// A corrupt object: start over; every replica finds its
+				// share gone, drops it and asks again.
+				b.c.log.Warn("budget lease has unreadable shares; resetting", "err", err)
+			} else if len(invalid) > 0 {
+				b.c.log.Warn("budget lease has invalid shares; dropping them", "members", invalid)
+			}
+			if _, ok := shares[b.c.self]; held && !ok {
+				lost = true
+				return
 			}
 			now := b.c.clock.Now()
+			var suspects []string
 			b.c.mu.Lock()
 			for m := range shares {
 				if m != b.c.self && b.c.expiredLocked(m, now) {
-					delete(shares, m)
+					suspects = append(suspects, m)
 				}
 			}
 			b.c.mu.Unlock()
+			for _, m := range suspects {
+				ok, done := confirmed[m]
+				if !done {
+					ok = b.confirmExpired(ctx, m)
+					confirmed[m] = ok
+				}
+				if ok {
+					delete(shares, m)
+				}
+			}
 			s := mine(shares)
 			if s.Rate <= 0 && !s.Busy {
 				delete(shares, b.c.self)
@@ -340,6 +476,10 @@ func (b *budget) publish(ctx context.Context, mine func(shares map[string]Share)
 			raw, _ := json.Marshal(shares)
 			a[annoShares] = string(raw)
 		})
+		if lost {
+			b.loseShare("this replica's share is gone from the budget lease")
+			return errShareLost
+		}
 		if err == nil {
 			return nil
 		}

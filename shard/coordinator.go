@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
@@ -85,6 +86,7 @@ type Coordinator struct {
 	closeOnce       func()
 	claimsSince     time.Time // when the oldest claim in flight started
 	retryAt         map[string]time.Time
+	retryDelay      map[string]time.Duration // a failing node's current backoff (see serveBackoff)
 	stepped         bool
 	readyReason     string
 	startedAt       time.Time // by our clock, for the cold-start settle's cap
@@ -190,6 +192,7 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 		wantedSince:  map[int]time.Time{},
 		nodeState:    map[string]nodeState{},
 		retryAt:      map[string]time.Time{},
+		retryDelay:   map[string]time.Duration{},
 		releasing:    map[int]bool{},
 		readyReason:  "not started",
 		startedAt:    deps.Clock.Now(),
@@ -859,12 +862,17 @@ func (c *Coordinator) serve(ctx context.Context, names []string) {
 		for _, n := range names {
 			if err, failed := errs[n]; failed {
 				c.nodeState[n] = nodeAbsent
-				c.retryAt[n] = now.Add(time.Second)
-				c.log.Warn("serving node failed; retrying", "node", n, "err", err)
+				delay := serveBackoff(c.retryDelay[n])
+				c.retryDelay[n] = delay
+				wait := serveJitter(delay)
+				c.retryAt[n] = now.Add(wait)
+				c.log.Warn("serving node failed; backing off", "node", n, "retry_in", wait.Round(time.Millisecond),
+					"backoff", delay, "err", err)
 				continue
 			}
 			c.nodeState[n] = nodeUp
 			delete(c.retryAt, n)
+			delete(c.retryDelay, n)
 		}
 		// Hand-over duration: from when the ring gave us a partition until
 		// its nodes are served.
@@ -876,6 +884,27 @@ func (c *Coordinator) serve(ctx context.Context, names []string) {
 		}
 		c.log.Info("served nodes", "count", len(names)-len(errs), "failed", len(errs), "duration", took)
 	}
+}
+
+// A node that cannot be served is retried after serveRetryMin, doubling on
+// each failure up to serveRetryMax; a success resets it. A node that never
+// rebuilds (a bad providerID, a cloud reply it cannot use) must not cost an
+// urgent VPC-wide ENI list every second: that starves the periodic ENI sync
+// and spends the cluster's ListENIs budget.
+const (
+	serveRetryMin = time.Second
+	serveRetryMax = 2 * time.Minute
+)
+
+// serveBackoff returns the backoff after one more failure.
+func serveBackoff(prev time.Duration) time.Duration {
+	return min(max(2*prev, serveRetryMin), serveRetryMax)
+}
+
+// serveJitter spreads d over [0.8d, 1.2d), so that nodes failing together
+// (one batch) do not retry in lockstep for ever.
+func serveJitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
 // updateReadyLocked: ready once the lease is held, a step has run, and every

@@ -244,16 +244,28 @@ func (i *IPAM) toDatastoreENI(ctx context.Context, e cloud.ENI, maxIPs int) (dat
 		i.log.Warn("subnet CIDR unknown; treating all ENI addresses as in-subnet", "eni", e.ID, "subnet", e.SubnetID, "err", err)
 	}
 	var ips []netip.Addr
+	var skipped []string
 	for _, p := range e.PrivateIPs {
 		a, err := netip.ParseAddr(p.Address)
-		if err != nil {
-			return de, nil, fmt.Errorf("ENI %s has an unparsable address %q", e.ID, p.Address)
-		}
-		if p.Primary {
+		switch {
+		case err != nil && p.Primary:
+			// Without its primary the ENI cannot be recorded at all.
+			return de, nil, fmt.Errorf("ENI %s has an unparsable primary address %q", e.ID, p.Address)
+		case err != nil:
+			// One garbled secondary address must not leave the whole
+			// node unserved (retried, listing the VPC each time): skip
+			// it; it is never handed out, and a later read may show it
+			// whole.
+			skipped = append(skipped, p.Address)
+		case p.Primary:
 			de.PrimaryIP = a
-			continue
+		default:
+			ips = append(ips, a)
 		}
-		ips = append(ips, a)
+	}
+	if len(skipped) > 0 {
+		i.log.Warn("ENI has unparsable addresses in the cloud's reply; skipped them", "eni", e.ID,
+			"skipped", len(skipped), "addresses", skipped)
 	}
 	return de, ips, nil
 }

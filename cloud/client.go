@@ -285,21 +285,21 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 		e := classify(ctx, op, resource, err)
 		e.Message = c.redact(e.Message)
 		last, throttled = e, false
-		var backoff time.Duration
+		retry, backoff := false, time.Duration(0)
 		switch {
 		case e.Class == ClassRateLimit:
 			c.m.throttled.WithLabelValues(op).Inc()
 			if throttles < c.throttleRetries(ctx) {
 				throttles++
-				backoff, throttled = c.throttleBackoff(op), true
+				retry, backoff, throttled = true, c.throttleBackoff(op), true
 				c.log.Debug("bce throttled, backing off", "op", op, "resource", resource, "attempt", throttles, "backoff", backoff)
 			}
 		case ctx.Err() == nil && failures < c.cfg.SDKRetries && sdkRetryable(err, s.rt):
-			backoff = c.failureBackoff(failures)
+			retry, backoff = true, c.failureBackoff(failures)
 			failures++
 			c.log.Debug("bce call failed, retrying", "op", op, "resource", resource, "retry", failures, "backoff", backoff, "err", e.Message)
 		}
-		if backoff > 0 {
+		if retry {
 			if sleepCtx(ctx, backoff) == nil {
 				continue
 			}
@@ -339,7 +339,12 @@ func sdkRetryable(err error, rt *ctxTransport) bool {
 // with 5xx or in transport: the SDK's SDKRetryBase·2^n capped at 20 s, with
 // jitter × [0.5, 1.5) so that replicas hit by one outage do not retry in step.
 func (c *Client) failureBackoff(n int) time.Duration {
-	d := min(c.cfg.SDKRetryBase<<min(n, 30), 20*time.Second)
+	const maxDelay = 20 * time.Second
+	d := c.cfg.SDKRetryBase
+	for i := 0; i < n && d < maxDelay; i++ { // doubling, not a shift: no overflow
+		d *= 2
+	}
+	d = min(d, maxDelay)
 	return time.Duration(float64(d) * (0.5 + rand.Float64()))
 }
 

@@ -3,7 +3,9 @@ package cloud_test
 import (
 	"context"
 	"errors"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,5 +106,39 @@ func TestServerRetry_RechecksGateAndHonoursRetries(t *testing.T) {
 	}
 	if !errors.Is(err, fenced) || cloud.ClassOf(err) != cloud.ClassCanceled {
 		t.Fatalf("retry behind a closed gate: %v, want Canceled wrapping the gate's reason", err)
+	}
+}
+
+// A transport failure (here: the connection is closed before any answer)
+// is retried like a 5xx, each attempt with its own token.
+func TestServerRetry_TransportFailureTakesATokenPerAttempt(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var conns atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			c.Close()
+		}
+	}()
+	c, err := cloud.New(cloud.Config{Endpoint: "http://" + ln.Addr().String(), AccessKeyID: testAK, SecretAccessKey: testSK,
+		Rate: 100, Burst: 100, SDKRetries: 2, SDKRetryBase: time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.GetENI(context.Background(), "eni-x"); cloud.ClassOf(err) != cloud.ClassTransport {
+		t.Fatalf("GetENI against a server that hangs up: %v, want class Transport", err)
+	}
+	taken, _ := c.Usage()
+	if n := conns.Load(); n != 3 || taken != 3 {
+		t.Fatalf("%d connections and %d tokens, want 3 of each (the call and SDKRetries=2 retries)", n, taken)
 	}
 }

@@ -325,10 +325,17 @@ func (i *IPAM) settleTrims(ctx context.Context, n *node, unsettled unsettledTrim
 			byENI[x.eniID] = append(byENI[x.eniID], a)
 		}
 	}
-	for eniID, addrs := range byENI {
-		if ctx.Err() != nil || i.mayAct(n.name) != nil {
-			return // the node is moving away; the next owner reads the cloud afresh
+	if len(byENI) > 0 && (ctx.Err() != nil || i.mayAct(n.name) != nil) {
+		// The node may be moving away (the next owner reads the cloud
+		// afresh), or the lease is at risk: try later, not in a loop.
+		for a, x := range unsettled {
+			if !x.due.After(now) {
+				unsettled[a] = unsettledTrim{eniID: x.eniID, due: now.Add(trimSettleRetry)}
+			}
 		}
+		return
+	}
+	for eniID, addrs := range byENI {
 		listed := map[netip.Addr]bool{}
 		e, err := i.deps.Cloud.GetENI(ctx, eniID)
 		switch {

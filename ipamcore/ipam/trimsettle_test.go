@@ -1,0 +1,98 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/ipamcore/datastore"
+	ccefake "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned/fake"
+	"github.com/cce-ipam/sharded/ipamcore/pool"
+)
+
+// Only failures that certainly changed nothing put trimmed IPs back in the
+// pool.
+func TestDeleteNotApplied(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&cloud.Error{Class: cloud.ClassRateLimit}, true},
+		{&cloud.Error{Class: cloud.ClassInvalidRequest}, true},
+		{&cloud.Error{Class: cloud.ClassAuth}, true},
+		{&cloud.Error{Class: cloud.ClassQuotaExceeded}, true},
+		{fmt.Errorf("%w: %w", &cloud.Error{Class: cloud.ClassCanceled}, cloud.ErrWouldWait), true},
+		{&cloud.Error{Class: cloud.ClassServer}, false},
+		{&cloud.Error{Class: cloud.ClassTransport}, false},
+		{&cloud.Error{Class: cloud.ClassCanceled}, false},
+		{&cloud.Error{Class: cloud.ClassUnknown}, false},
+		{&cloud.Error{Class: cloud.ClassENINotFound}, false},
+		{context.DeadlineExceeded, false},
+		{errors.New("connection reset by peer"), false},
+	} {
+		if got := deleteNotApplied(c.err); got != c.want {
+			t.Errorf("deleteNotApplied(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+type countingCloud struct {
+	cloud.Provider
+	gets int
+}
+
+func (c *countingCloud) GetENI(context.Context, string) (*cloud.ENI, error) {
+	c.gets++
+	return nil, errors.New("unexpected")
+}
+
+type refuseAll struct{}
+
+func (refuseAll) MayAct(string) (time.Time, error) { return time.Time{}, errors.New("lease at risk") }
+
+// While the fence refuses the node, due settling reads are postponed, not
+// left due: the pool worker's settle timer would otherwise fire at once,
+// for ever.
+func TestSettleTrimsPostponedWhileFenced(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC))
+	cl := &countingCloud{}
+	i, err := New(Config{ClusterID: "c", VPCID: "vpc-1"}, Deps{Kube: fake.NewClientset(), CCE: ccefake.NewSimpleClientset(),
+		Cloud: cl, Clock: clk, Fence: refuseAll{}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const node = "n1"
+	addr := netip.MustParseAddr("10.0.0.5")
+	if err := i.store.AddNode(node); err != nil {
+		t.Fatal(err)
+	}
+	if err := i.store.AddENI(node, datastore.ENI{ID: "eni-1", SubnetID: "sbn-1", PrimaryIP: netip.MustParseAddr("10.0.0.2")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := i.store.AddIPs(node, "eni-1", []netip.Addr{addr}, clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := i.store.Hold(node, []netip.Addr{addr}, datastore.HoldReleasing); err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(node, "i-1", pool.DefaultCapacity())
+	u := unsettledTrims{addr: {eniID: "eni-1", due: clk.Now()}}
+	i.settleTrims(context.Background(), n, u)
+	if cl.gets != 0 {
+		t.Fatalf("%d GetENI calls while fenced", cl.gets)
+	}
+	due, ok := u.next()
+	if !ok || !due.After(clk.Now()) {
+		t.Fatalf("next settle at %v (ok %v), want after now %v", due, ok, clk.Now())
+	}
+	if info, err := i.store.LookupIP(addr); err != nil || info.State != datastore.StateHeld {
+		t.Fatalf("address %v (err %v), want still held", info, err)
+	}
+}

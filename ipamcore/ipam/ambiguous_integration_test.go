@@ -60,6 +60,10 @@ func TestIPAM_AmbiguousTrimNeverHandsOutDeletedIP(t *testing.T) {
 				reply.IP, p.name, reply.ENIID)
 		}
 	}
+	// The test exercised what it means to: a delete answered 5xx.
+	if got := e.gauge("cce_ipam_pool_cloud_errors_total", "class", "server"); got < 1 {
+		t.Fatalf("no trim failed with a server error (%v): the fault was not hit", got)
+	}
 	if err := e.sim.SetFaults(bcesim.Faults{}); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,17 @@ import (
 type RestoreInput struct {
 	ENIs   []RestoreENI
 	Claims []Claim
+	// CoolFrom, when set, is the last moment the node's previous owner may
+	// have released an address (a hand-over): unclaimed addresses this
+	// store did not already hold idle cool from then, for the previous
+	// owner's releases are not recorded anywhere. Zero: they are ready at
+	// once (a first start, where nothing was released a moment ago).
+	CoolFrom time.Time
+	// Unsettled: the ENI list may lag the previous owner's last writes
+	// (a hand-over), so unclaimed addresses this store did not already hold
+	// idle are held HoldUnsettled until a later read settles them (Settle);
+	// an address trimmed just before the hand-over is then never handed out.
+	Unsettled bool
 }
 
 // RestoreENI is one attached ENI with its secondary addresses as the cloud
@@ -122,7 +133,8 @@ type RestoreReport struct {
 // Restore replaces the node's state with one rebuilt from in (adding the
 // node if needed). Claims decide assignment; cloud addresses nobody claims
 // become idle. Addresses that stay idle across the restore keep their
-// cooling and idle-since times; new ones are ready at once. Conflicts are
+// cooling and idle-since times; new ones cool from in.CoolFrom (ready at
+// once when it is zero), or are held unsettled (in.Unsettled). Conflicts are
 // reported and never resolved here (see ConflictKind). A malformed ENI list
 // is an ErrInvalidArgument and changes nothing. The caller must not run
 // allocations for the node concurrently with building the input.
@@ -147,7 +159,8 @@ func (s *Store) Restore(node string, in RestoreInput, now time.Time) (RestoreRep
 	s.idxMu.Lock()
 	defer s.idxMu.Unlock()
 
-	b := rebuild{s: s, sl: sl, old: sl.n, n: newNodeState(node, s.cooldown), now: now}
+	b := rebuild{s: s, sl: sl, old: sl.n, n: newNodeState(node, s.cooldown), now: now,
+		coolFrom: in.CoolFrom, unsettled: in.Unsettled}
 	b.run(enis, in.Claims)
 
 	s.unindexLocked(sl)
@@ -204,6 +217,8 @@ type rebuild struct {
 	sl        *slot
 	old, n    *nodeState
 	now       time.Time
+	coolFrom  time.Time // zero: new idle addresses are ready at once
+	unsettled bool      // new idle addresses are held HoldUnsettled
 	conflicts []Conflict
 }
 
@@ -324,6 +339,10 @@ func (b *rebuild) place(a netip.Addr, enis []string, owners []Owner, byPod map[P
 		// Keep the cooling of an address released just before the
 		// resync, and its place in the idle order.
 		b.n.enterIdle(r, prev.idleSince, prev.readyAt.Sub(prev.idleSince))
+	case b.unsettled, prev != nil && prev.state == StateHeld && prev.hold == HoldUnsettled:
+		b.n.enterHeld(r, HoldUnsettled)
+	case !b.coolFrom.IsZero():
+		b.n.enterIdle(r, b.coolFrom, b.n.cooldown)
 	default:
 		b.n.enterIdle(r, b.now, 0)
 	}

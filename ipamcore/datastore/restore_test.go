@@ -1,6 +1,7 @@
 package datastore
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"testing"
@@ -206,4 +207,77 @@ func TestStore_Restore_AddsNodeAndKeepsCooling(t *testing.T) {
 	}
 	_, err = s.Restore("", in, t0)
 	wantErr(t, err, ErrInvalidArgument)
+}
+
+// A hand-over: the new owner's store never saw the previous owner's
+// releases, so every unclaimed address cools from CoolFrom.
+func TestStore_Restore_CoolFromCoolsEveryNewIdleAddress(t *testing.T) {
+	s, err := New(Config{})
+	must(t, err)
+	in := RestoreInput{ENIs: renis(re(e1, "10.0.1.10", "10.0.1.11")), Claims: []Claim{claim("10.0.1.11", "p", "c")},
+		CoolFrom: t0}
+	_, err = s.Restore("node-a", in, t0.Add(time.Second))
+	must(t, err)
+	check(t, s)
+	_, err = s.Allocate("node-a", Request{Owner: owner("q", "c")}, t0.Add(DefaultCooldown-time.Millisecond))
+	var cooling *CoolingError
+	if !errors.As(err, &cooling) || !cooling.ReadyAt.Equal(t0.Add(DefaultCooldown)) {
+		t.Fatalf("allocate before the cooldown from CoolFrom ended = %v, want a CoolingError until %s", err, t0.Add(DefaultCooldown))
+	}
+	a, err := s.Allocate("node-a", Request{Owner: owner("q", "c")}, t0.Add(DefaultCooldown))
+	must(t, err)
+	if a.Addr != ip("10.0.1.10") {
+		t.Fatalf("got %s, want 10.0.1.10", a.Addr)
+	}
+}
+
+// A takeover whose ENI list may lag: unclaimed addresses are held until a
+// read settles them, and each one is settled by what the read shows.
+func TestStore_Restore_UnsettledUntilSettled(t *testing.T) {
+	s, err := New(Config{})
+	must(t, err)
+	in := RestoreInput{ENIs: renis(re(e1, "10.0.1.10", "10.0.1.11", "10.0.1.12")),
+		Claims: []Claim{claim("10.0.1.12", "p", "c")}, CoolFrom: t0, Unsettled: true}
+	rep, err := s.Restore("node-a", in, t0)
+	must(t, err)
+	check(t, s)
+	if rep.Held != 2 || rep.Assigned != 1 || rep.Idle != 0 {
+		t.Fatalf("report = %+v, want 2 held, 1 assigned", rep)
+	}
+	late := t0.Add(time.Hour)
+	if _, err := s.Allocate("node-a", Request{Owner: owner("q", "c")}, late); !errors.Is(err, ErrNoIdleIP) {
+		t.Fatalf("allocate with only unsettled addresses = %v, want ErrNoIdleIP", err)
+	}
+	// A resync before the read keeps them unsettled.
+	_, err = s.Restore("node-a", RestoreInput{ENIs: in.ENIs, Claims: in.Claims}, t0.Add(time.Second))
+	must(t, err)
+	if got, _ := s.LookupIP(ip("10.0.1.10")); got.HoldReason != HoldUnsettled {
+		t.Fatalf("a resync settled an address no read confirmed: %+v", got)
+	}
+
+	info, err := s.Settle("node-a", ip("10.0.1.10"), true, t0)
+	must(t, err)
+	if info.State != StateIdle || !info.ReadyAt.Equal(t0.Add(DefaultCooldown)) {
+		t.Fatalf("confirmed address = %+v, want idle, cooling from t0", info)
+	}
+	gone, err := s.Settle("node-a", ip("10.0.1.11"), false, t0)
+	must(t, err)
+	if gone.Addr != ip("10.0.1.11") {
+		t.Fatalf("settle absent returned %+v", gone)
+	}
+	if _, err := s.LookupIP(ip("10.0.1.11")); !errors.Is(err, ErrUnknownIP) {
+		t.Fatalf("an address the read lacks is still recorded: %v", err)
+	}
+	check(t, s)
+	if _, err := s.Settle("node-a", ip("10.0.1.12"), false, t0); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("settle of an assigned address = %v, want ErrNotHeld", err)
+	}
+	if _, err := s.Settle("node-a", ip("10.0.1.99"), true, t0); !errors.Is(err, ErrUnknownIP) {
+		t.Fatalf("settle of an unknown address = %v, want ErrUnknownIP", err)
+	}
+	a, err := s.Allocate("node-a", Request{Owner: owner("q", "c")}, late)
+	must(t, err)
+	if a.Addr != ip("10.0.1.10") {
+		t.Fatalf("got %s, want the confirmed 10.0.1.10", a.Addr)
+	}
 }

@@ -367,7 +367,7 @@ func (s *Store) Release(node string, addr netip.Addr, containerID string, now ti
 // are no longer idle are skipped; the ones actually held are returned, and
 // only those may be deleted.
 func (s *Store) Hold(node string, addrs []netip.Addr, why HoldReason) ([]netip.Addr, error) {
-	if why != HoldConflict && why != HoldReleasing {
+	if why != HoldConflict && why != HoldReleasing && why != HoldUnsettled {
 		return nil, invalidf("node %s: hold reason %s", node, why)
 	}
 	norm := make([]netip.Addr, len(addrs))
@@ -405,6 +405,49 @@ func (s *Store) Unhold(node string, addr netip.Addr, o *Owner, now time.Time) (I
 	}
 	defer sl.mu.Unlock()
 	return sl.n.unhold(a, o, now)
+}
+
+// Settle resolves a held address by what a cloud read of its ENI showed:
+// listed (present), it returns to the pool, cooling from coolFrom (the
+// last moment a pod may have used it: the release, or the hand-over); not
+// listed, it is forgotten, as RemoveIP would. The read must be one taken
+// late enough that the cloud's read lag cannot hide the write in question.
+// Assigned and idle addresses are not changed (ErrNotHeld).
+func (s *Store) Settle(node string, addr netip.Addr, present bool, coolFrom time.Time) (IPInfo, error) {
+	a, err := checkAddr(addr)
+	if err != nil {
+		return IPInfo{}, fmt.Errorf("node %s: %w", node, err)
+	}
+	sl, err := s.lock(node)
+	if err != nil {
+		return IPInfo{}, err
+	}
+	defer sl.mu.Unlock()
+	r, ok := sl.n.ips[a]
+	if !ok {
+		return IPInfo{}, fmt.Errorf("node %s: ip %s: %w", node, a, ErrUnknownIP)
+	}
+	if r.state != StateHeld {
+		return IPInfo{}, fmt.Errorf("node %s: ip %s is %s: %w", node, a, r.state, ErrNotHeld)
+	}
+	if present {
+		if r.crossSubnet {
+			return IPInfo{}, invalidf("node %s: cross-subnet ip %s cannot become idle; assign or remove it", node, a)
+		}
+		sl.n.leave(r)
+		sl.n.enterIdle(r, coolFrom, sl.n.cooldown)
+		return sl.n.info(r), nil
+	}
+	info, err := sl.n.removeIP(a)
+	if err != nil {
+		return IPInfo{}, err
+	}
+	s.idxMu.Lock()
+	if s.ipOwner[a] == sl {
+		delete(s.ipOwner, a)
+	}
+	s.idxMu.Unlock()
+	return info, nil
 }
 
 // Stats counts the node's addresses; now decides which idle ones are

@@ -134,6 +134,14 @@ const (
 	// (pool trimming). Holding it first means no Allocate can hand it out
 	// while the DeletePrivateIP call is in flight.
 	HoldReleasing
+	// HoldUnsettled: the store cannot tell whether the cloud still has the
+	// address on its ENI: a delete whose outcome is unclear (a timeout after
+	// the request was sent), or an address a new owner read once from a
+	// cloud whose reads may lag its writes. It is never allocated until a
+	// cloud read taken late enough settles it with Settle: still listed, it
+	// returns to the pool; gone, it is forgotten. The pool planner counts it
+	// as idle, so that waiting for the read does not grow the pool.
+	HoldUnsettled
 )
 
 func (r HoldReason) String() string {
@@ -144,6 +152,8 @@ func (r HoldReason) String() string {
 		return "conflict"
 	case HoldReleasing:
 		return "releasing"
+	case HoldUnsettled:
+		return "unsettled"
 	}
 	return fmt.Sprintf("HoldReason(%d)", uint8(r))
 }

@@ -35,6 +35,12 @@ type Config struct {
 	// Cooldown keeps a released IP out of the pool for this long, so the old
 	// pod's datapath state drains first. Defaults to 5s.
 	Cooldown time.Duration
+	// ReadLag bounds how far BCE's reads may lag its writes (the reference's
+	// 5 s minimum IP lifetime exists for the same lag). A taken-over node's
+	// unclaimed addresses are held until a read this long after the
+	// takeover confirms them, and the periodic sync drops or adopts an
+	// address only when two reads this far apart agree. Defaults to 5s.
+	ReadLag time.Duration
 	// ENISyncPeriod is how often the cluster's ENIs are listed (VPC-wide)
 	// to adopt new ENIs, drop vanished ones, keep IPPool status current and
 	// delete leaked ENIs. Defaults to 20s.
@@ -64,6 +70,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.PoolCheckPeriod, "pool-check-period", 30*time.Second, "how often each node's pool is checked against its bounds")
 	fs.DurationVar(&c.AllocateWait, "allocate-wait", 10*time.Second, "how long an allocation waits for the pool to refill")
 	fs.DurationVar(&c.Cooldown, "ip-cooling-period", 5*time.Second, "how long a released IP rests before it is handed out again")
+	fs.DurationVar(&c.ReadLag, "cloud-read-lag", 5*time.Second, "how far BCE reads may lag writes: a taken-over node's unclaimed IPs are handed out only after a read this long after the takeover confirms them")
 	fs.DurationVar(&c.ENISyncPeriod, "eni-sync-period", 20*time.Second, "how often the cluster's ENIs are listed to adopt, drop and clean up ENIs and to update IPPool status")
 	fs.DurationVar(&c.LeakedENIAge, "leaked-eni-age", 3*time.Minute, "an unattached ENI of the cluster older than this is deleted by the ENI sync")
 	fs.StringVar(&c.SubnetSelection, "eni-subnet-selection", SubnetMostFreeIP, "subnet of a new ENI among its IPPool's: MostFreeIP or LeastENI")
@@ -89,6 +96,9 @@ func (c *Config) defaults() {
 	}
 	if c.Cooldown == 0 {
 		c.Cooldown = 5 * time.Second
+	}
+	if c.ReadLag == 0 {
+		c.ReadLag = 5 * time.Second
 	}
 	if c.ENISyncPeriod == 0 {
 		c.ENISyncPeriod = 20 * time.Second
@@ -130,7 +140,8 @@ func (c Config) Validate() error {
 	if err := c.poolConfig().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.PoolCheckPeriod < 0 || c.AllocateWait < 0 || c.Cooldown < 0 || c.GCPeriod < 0 || c.LeakGrace < 0 || c.ENISyncPeriod < 0 || c.LeakedENIAge < 0 {
+	if c.PoolCheckPeriod < 0 || c.AllocateWait < 0 || c.Cooldown < 0 || c.GCPeriod < 0 || c.LeakGrace < 0 || c.ENISyncPeriod < 0 || c.LeakedENIAge < 0 ||
+		c.ReadLag < 0 {
 		errs = append(errs, errors.New("periods must not be negative"))
 	}
 	return errors.Join(errs...)

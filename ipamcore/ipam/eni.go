@@ -268,6 +268,7 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 			}
 		}
 		i.adoptENIs(ctx, n, inUse)
+		i.reconcileIPs(ctx, n, inUse)
 		i.writePoolStatus(ctx, n, inUse)
 	}
 	// Leaked: ours, unattached, older than LeakedENIAge, for a served node

@@ -355,7 +355,8 @@ func (h *takeoverHolder) ListENIs(ctx context.Context, opts cloud.ListENIsOption
 	began := time.Now().UnixNano()
 	enis, err := h.Provider.ListENIs(ctx, opts)
 	switch {
-	case opts.Instances[h.hold] && len(opts.Instances) == 1:
+	case opts.Instances[h.hold] && len(opts.Instances) == 1 && h.listEnd.Load() == 0:
+		// The takeover's list (the later settling list is like the sync's).
 		h.listEnd.Store(time.Now().UnixNano())
 		h.holding.Store(true)
 		close(h.held)

@@ -311,6 +311,19 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 		}()
 	}
 	wg.Wait()
+	var served []string
+	for _, name := range todo {
+		if errs[name] == nil {
+			served = append(served, name)
+		}
+	}
+	if len(served) > 0 {
+		i.workers.Add(1)
+		go func() {
+			defer i.workers.Done()
+			i.settleTakeover(runCtx, served, start)
+		}()
+	}
 	return errs
 }
 
@@ -324,7 +337,7 @@ const rebuildConcurrency = 8
 const bulkRebuildNodes = 32
 
 func (i *IPAM) serveRebuilt(ctx, runCtx context.Context, name string, byInstance map[string][]cloud.ENI, claims []datastore.Claim, start time.Time) error {
-	n, err := i.rebuild(ctx, name, byInstance, claims)
+	n, err := i.rebuild(ctx, name, byInstance, claims, start)
 	if err != nil {
 		i.metrics.rebuilds.WithLabelValues("error").Inc()
 		return fmt.Errorf("serve node %s: %w", name, err)

@@ -25,6 +25,7 @@ type metrics struct {
 	leakSuspects prometheus.Gauge
 	leakOldest   prometheus.Gauge
 	fenced       prometheus.Counter
+	reconciled   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -54,6 +55,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		gcActions: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_gc_actions_total", Help: "IPs released by garbage collection, by kind.",
 		}, []string{"kind"}),
+		reconciled: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "cce_ipam_ip_reconcile_total",
+			Help: "Addresses whose cloud state was settled address by address, by outcome: confirmed (held, then " +
+				"listed), gone (held or idle, then missing from two reads), adopted (listed twice, unknown to the " +
+				"datastore), assigned_missing (a pod's address the cloud does not list).",
+		}, []string{"outcome"}),
 		gcDuration: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "cce_ipam_gc_duration_seconds", Help: "Duration of one garbage-collection pass.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),

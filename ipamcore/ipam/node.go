@@ -42,6 +42,7 @@ type node struct {
 	lastErr  error                   // the pool's last cloud error
 	planNote string                  // what the planner needs but cannot do
 
+	drift      ipDrift       // per-address disagreements with the cloud (reconcile.go)
 	eniBackoff time.Duration // after a failed ENI creation
 	eniRetryAt time.Time
 	returns    map[string][]netip.Addr
@@ -119,7 +120,13 @@ func instanceIDFromProviderID(providerID string) (string, error) {
 //
 // claims, when not nil, are the node's wep claims from a bulk read that was
 // also taken after the node was won (see ServeNodes); nil means read them.
-func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][]cloud.ENI, claims []datastore.Claim) (*node, error) {
+//
+// start is when the takeover began: the previous owner was fenced before it,
+// so its last release and its last cloud write came earlier. Unclaimed
+// addresses cool from then (its releases are recorded nowhere) and are held
+// unsettled until a read ReadLag after it confirms them (settle.go).
+func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][]cloud.ENI, claims []datastore.Claim,
+	start time.Time) (*node, error) {
 	// The node object only gives the instance and capacity, which do not
 	// change: the cache will do, the API server when the cache lacks it.
 	k8sNode, err := i.nodes.Get(name)
@@ -139,7 +146,7 @@ func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][
 		i.log.Warn("node capacity annotations malformed; using defaults", "node", name, "err", err)
 	}
 
-	in := datastore.RestoreInput{}
+	in := datastore.RestoreInput{CoolFrom: start, Unsettled: true}
 	for _, e := range byInstance[instanceID] {
 		if e.Status != cloud.ENIStatusInUse || e.InstanceID != instanceID {
 			continue // attaching or detaching ENIs carry no pod IPs yet

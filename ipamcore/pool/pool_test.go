@@ -344,3 +344,31 @@ func TestStateFromSnapshot(t *testing.T) {
 		t.Fatalf("state = %+v", st)
 	}
 }
+
+// An unsettled address (held until a cloud read confirms it) counts as idle
+// for growing, so that waiting for the read does not grow the pool, but is
+// never a trim candidate.
+func TestStateFromSnapshot_UnsettledCountsAsIdleNotTrimmable(t *testing.T) {
+	s, err := datastore.New(datastore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Restore("n", datastore.RestoreInput{Unsettled: true, ENIs: []datastore.RestoreENI{{
+		ENI: datastore.ENI{ID: "a", SubnetID: "s1", PrimaryIP: netip.MustParseAddr("10.0.0.1"), Capacity: 8},
+		IPs: []netip.Addr{netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("10.0.0.11")},
+	}}}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.Snapshot("n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := StateFromSnapshot(snap, nil)
+	if st.Idle() != 2 || len(st.IdleIPs) != 0 {
+		t.Fatalf("state = %+v, want 2 idle for planning and no trim candidate", st)
+	}
+	if p := PlanGrow(Config{MinIdle: 2, MaxIdle: 4, Batch: 1, TrimBatch: 10}, Capacity{MaxIPsPerENI: 8}, st, nil, t0); p.Need != 0 {
+		t.Fatalf("grow plan = %+v, want nothing while the unsettled addresses await their read", p)
+	}
+}

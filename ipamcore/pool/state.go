@@ -68,6 +68,13 @@ func StateFromSnapshot(snap datastore.NodeSnapshot, exhausted map[string]bool) N
 					AddedAt: ip.AddedAt, IdleSince: ip.IdleSince, ReadyAt: ip.ReadyAt})
 			case datastore.StateAssigned:
 				e.Assigned++
+			case datastore.StateHeld:
+				// An unsettled address returns to the pool as soon as a
+				// cloud read confirms it (almost always): growing the pool
+				// to replace it would only be trimmed again.
+				if ip.HoldReason == datastore.HoldUnsettled {
+					e.Idle++
+				}
 			}
 		}
 		st.ENIs = append(st.ENIs, e)

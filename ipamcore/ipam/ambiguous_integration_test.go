@@ -3,9 +3,13 @@
 package ipam_test
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
 )
@@ -74,4 +78,73 @@ func TestIPAM_AmbiguousTrimNeverHandsOutDeletedIP(t *testing.T) {
 		return st.Held == 0 && st.Total == len(e.cloudIPs()[inst])
 	})
 	e.checkNoLeak()
+}
+
+// A trim whose delete times out after it was sent has an unclear outcome
+// too. Here BCE did not apply it (the latency comes before the call is
+// handled and the client has gone by then): the read that settles the
+// addresses still lists them, so they return to the pool and nothing leaks.
+func TestIPAM_TimedOutTrimSettlesBackIntoPool(t *testing.T) {
+	e := newEnv(t, "at", 1, ipam.Config{IdleMin: 1, IdleMax: 2, BatchAdd: 4, Cooldown: 100 * time.Millisecond,
+		AllocateWait: 10 * time.Second, PoolCheckPeriod: time.Hour, ENISyncPeriod: time.Hour})
+	node, inst := e.nodes[0], e.instance[e.nodes[0]]
+	// A client that gives up on an attempt after 1 s and does not retry.
+	e.stop()
+	impatient, err := cloud.New(cloud.Config{
+		Endpoint: e.sim.URL(), Region: "bj", AccessKeyID: testAK, SecretAccessKey: testSK,
+		Rate: 1e6, Burst: 1e6, SDKRetries: -1, ThrottleBackoff: time.Millisecond, Timeout: time.Second,
+	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(impatient.Close)
+	e.cloud = impatient
+	e.start()
+
+	pods := e.createPods("a", 6)
+	if got := e.allocateAll(pods, 1); len(got) != len(pods) {
+		t.Fatalf("%d of %d pods got an IP", len(got), len(pods))
+	}
+	time.Sleep(6 * time.Second) // past the planner's MinLifetime
+	if err := e.sim.SetFaults(bcesim.Faults{LatencyMs: map[bcesim.Op]int{bcesim.OpBatchDeletePrivateIP: 1500}}); err != nil {
+		t.Fatal(err)
+	}
+	before := len(e.cloudIPs()[inst])
+	for _, p := range pods {
+		if _, err := e.release(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 20*time.Second, "a trim that timed out", func() bool {
+		return e.gauge("cce_ipam_pool_cloud_errors_total", "class", "transport") >= 1
+	})
+	// Until a read settles them, the trimmed addresses are held, whatever
+	// the pool needs.
+	if st := e.stats(node); st.Held == 0 {
+		t.Fatalf("after a timed-out trim nothing is held: %+v", st)
+	}
+	if err := e.sim.SetFaults(bcesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	// The later trims (no fault now) bring the pool to IdleMax; the
+	// timed-out ones come back idle first, then may be trimmed for real.
+	eventually(t, 30*time.Second, "the unclear trim settled", func() bool {
+		st := e.stats(node)
+		return st.Held == 0 && st.Total == len(e.cloudIPs()[inst])
+	})
+	if after := len(e.cloudIPs()[inst]); after > before {
+		t.Fatalf("cloud has %d addresses, %d before the trims", after, before)
+	}
+	e.checkNoLeak()
+	// Every address of the pool is usable.
+	second := e.createPods("b", 4)
+	for _, p := range second {
+		reply, err := e.allocate(p)
+		if err != nil {
+			t.Fatalf("allocate %s: %v", p.name, err)
+		}
+		if !e.cloudIPs()[inst][reply.IP] {
+			t.Fatalf("AllocateIP handed %s to %s, which bce-sim does not have", reply.IP, p.name)
+		}
+	}
 }

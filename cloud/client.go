@@ -173,6 +173,17 @@ func (c *Client) SetGate(gate func() error) {
 	c.gate.Store(&gate)
 }
 
+// mayAttempt is the check before an HTTP attempt and before its token
+// wait: the replica's gate, then every node permission ctx carries
+// (ForNode). It returns the attempt's deadline (zero: none) or the refusal;
+// last is the previous attempt's failure, nil before the first.
+func (c *Client) mayAttempt(ctx context.Context, op, resource string, last *Error) (time.Time, *Error) {
+	if err := c.gateErr(); err != nil {
+		return time.Time{}, &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: "gated: " + err.Error(), cause: err}
+	}
+	return nodePermitted(ctx, op, resource, last)
+}
+
 func (c *Client) gateErr() error {
 	if g := c.gate.Load(); g != nil {
 		return (*g)()
@@ -213,8 +224,10 @@ func (c *Client) redact(s string) string {
 // transport failures after an exponential jittered backoff (up to
 // SDKRetries). Every HTTP attempt takes its own token of the shared bucket
 // and passes the gate first, so the requests BCE sees never exceed the
-// tokens taken (I5). Every attempt is timed; the final result is counted
-// once by class.
+// tokens taken (I5); it also asks the node permissions ctx carries
+// (ForNode) and ends at their deadline, so nothing is sent for a node this
+// replica may no longer act for (I1). Every attempt is timed; the final
+// result is counted once by class.
 func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet) error) error {
 	if ctx.Value(urgentKey{}) != nil {
 		u := c.urgentCallsOf(op)
@@ -230,9 +243,9 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 	throttles, failures := 0, 0
 	var last *Error // the previous attempt's failure
 	for {
-		if err := c.gateErr(); err != nil {
-			c.m.calls.WithLabelValues(op, ClassCanceled.String()).Inc()
-			return &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: "gated: " + err.Error(), cause: err}
+		if _, e := c.mayAttempt(ctx, op, resource, last); e != nil {
+			c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
+			return e
 		}
 		var waited time.Duration
 		var err error
@@ -265,24 +278,38 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 			waited += w
 		}
 		c.m.wait.WithLabelValues(op).Observe(waited.Seconds())
-		if err == nil {
-			err = c.gateErr()
-		}
 		if err != nil {
 			e := &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: err.Error(), cause: err}
 			c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
 			return e
 		}
-		s := c.newSDKSet(ctx)
+		until, e := c.mayAttempt(ctx, op, resource, last)
+		if e != nil {
+			c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
+			return e
+		}
+		// The attempt ends at the node permissions' deadline, if any.
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if !until.IsZero() {
+			actx, cancel = context.WithDeadline(ctx, until)
+		}
+		s := c.newSDKSet(actx)
 		start := time.Now()
 		err = fn(s)
 		s.rt.close()
 		c.m.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
 		if err == nil {
+			cancel()
 			c.m.calls.WithLabelValues(op, "ok").Inc()
 			return nil
 		}
-		e := classify(ctx, op, resource, err)
+		e = classify(actx, op, resource, err)
+		cut := actx.Err() != nil // the caller's context ended, or the permission's deadline passed
+		if cut && ctx.Err() == nil {
+			e.Message = "the node's permission ended during the attempt: " + e.Message
+			e.cause = fmt.Errorf("%w: %w", ErrFenced, actx.Err())
+		}
+		cancel()
 		e.Message = c.redact(e.Message)
 		last, throttled = e, false
 		retry, backoff := false, time.Duration(0)
@@ -294,7 +321,7 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 				retry, backoff, throttled = true, c.throttleBackoff(op), true
 				c.log.Debug("bce throttled, backing off", "op", op, "resource", resource, "attempt", throttles, "backoff", backoff)
 			}
-		case ctx.Err() == nil && failures < c.cfg.SDKRetries && sdkRetryable(err, s.rt):
+		case !cut && failures < c.cfg.SDKRetries && sdkRetryable(err, s.rt):
 			retry, backoff = true, c.failureBackoff(failures)
 			failures++
 			c.log.Debug("bce call failed, retrying", "op", op, "resource", resource, "retry", failures, "backoff", backoff, "err", e.Message)

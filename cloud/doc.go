@@ -21,6 +21,12 @@
 // carries one clientToken for all its attempts, so a retry after a 5xx
 // cannot apply it twice.
 //
+// A call made for one node carries that node's permission (ForNode, the
+// IPAM's fence): it is asked before every attempt, like the gate, and each
+// attempt ends at the permission's deadline. A call whose permission has
+// ended is refused (class Canceled, errors.Is ErrFenced) without sending
+// anything, retries included.
+//
 // Per-operation limits (ListENIs: about one a second for the whole cluster)
 // are split the same way (SetOpShare). A call pods are waiting on (a
 // takeover's ENI list) is marked Urgent: it does not queue behind the share

@@ -110,13 +110,22 @@ func (r *Router) UnaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 		r.coord.metrics.forwardRejected.Inc()
 		return nil, status.Error(codes.PermissionDenied, ErrForgedForward.Error())
 	}
-	from, err := r.auth.Verify(info.FullMethod, pf, vals[0])
+	method := info.FullMethod
+	move := isMove(md, info)
+	if move {
+		method = methodMove
+	}
+	from, err := r.auth.Verify(method, pf, vals[0])
 	if err != nil {
 		r.coord.metrics.forwardRejected.Inc()
-		r.log.Warn("rejected a forwarded call", "method", info.FullMethod, "err", err)
+		r.log.Warn("rejected a forwarded call", "method", method, "err", err)
 		return nil, status.Error(codes.PermissionDenied, err.Error())
 	}
-	return handler(context.WithValue(ctx, forwardedKey{}, from), req)
+	ctx = context.WithValue(ctx, forwardedKey{}, from)
+	if move {
+		return r.serveMove(ctx, req)
+	}
+	return handler(ctx, req)
 }
 
 // Method names as gRPC reports them (and as the MAC covers them).

@@ -39,6 +39,7 @@ type Router struct {
 	coord   *Coordinator
 	local   cni.Backend
 	locator Locator
+	mover   Mover // serves fixed-IP moves for this replica's nodes (move.go); nil: none
 	auth    *Authenticator
 	log     *slog.Logger
 	poll    time.Duration
@@ -54,8 +55,12 @@ func NewRouter(coord *Coordinator, local cni.Backend, locator Locator, auth *Aut
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Router{coord: coord, local: local, locator: locator, auth: auth, log: log,
+	r := &Router{coord: coord, local: local, locator: locator, auth: auth, log: log,
 		poll: 100 * time.Millisecond, conns: map[string]*grpc.ClientConn{}}
+	if m, ok := locator.(Mover); ok {
+		r.mover = m
+	}
+	return r
 }
 
 // Close drops the connections to other replicas.

@@ -240,6 +240,7 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 		log.Warn("no forward key (--shard-forward-key-file or --memberlist-gossip-key-file): calls forwarded between replicas are NOT authenticated")
 	}
 	router := shard.NewRouter(coord, core, core, shard.NewAuthenticator(key), log.With("component", "router"))
+	core.SetFixedIPMover(router)
 	defer router.Close()
 
 	gs := grpc.NewServer(grpc.UnaryInterceptor(router.UnaryInterceptor))

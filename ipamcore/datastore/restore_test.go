@@ -281,3 +281,51 @@ func TestStore_Restore_UnsettledUntilSettled(t *testing.T) {
 		t.Fatalf("got %s, want the confirmed 10.0.1.10", a.Addr)
 	}
 }
+
+func TestStore_Surrender(t *testing.T) {
+	s, err := New(Config{NoCooldown: true})
+	must(t, err)
+	_, err = s.Restore("node-a", RestoreInput{ENIs: renis(re(e1, "10.0.1.10", "10.0.1.11", "10.0.1.12")),
+		Claims: []Claim{claim("10.0.1.10", "p", "c"), claim("10.0.1.11", "q", "c")}}, t0)
+	must(t, err)
+	if _, err := s.Surrender("node-a", ip("10.0.1.11"), owner("p", "c").Pod()); !errors.Is(err, ErrPodHasIP) {
+		t.Fatalf("surrender of another pod's address = %v, want ErrPodHasIP", err)
+	}
+	info, err := s.Surrender("node-a", ip("10.0.1.10"), owner("p", "c").Pod())
+	must(t, err)
+	if info.State != StateHeld || info.HoldReason != HoldReleasing {
+		t.Fatalf("surrendered = %+v, want held releasing", info)
+	}
+	if _, err := s.LookupPod("node-a", owner("p", "c").Pod()); !errors.Is(err, ErrUnknownIP) {
+		t.Fatalf("the pod still holds an address after surrendering it: %v", err)
+	}
+	check(t, s)
+	// Only the idle 10.0.1.12 can be allocated now.
+	a, err := s.Allocate("node-a", Request{Owner: owner("r", "c")}, t0)
+	must(t, err)
+	if a.Addr != ip("10.0.1.12") {
+		t.Fatalf("allocated %s", a.Addr)
+	}
+	if _, err := s.Allocate("node-a", Request{Owner: owner("x", "c")}, t0); !errors.Is(err, ErrNoIdleIP) {
+		t.Fatalf("allocate = %v, want ErrNoIdleIP (the surrendered address is not idle)", err)
+	}
+}
+
+func TestStore_Unsettle(t *testing.T) {
+	s, err := New(Config{NoCooldown: true})
+	must(t, err)
+	_, err = s.Restore("node-a", RestoreInput{ENIs: renis(re(e1, "10.0.1.10", "10.0.1.11"))}, t0)
+	must(t, err)
+	if err := s.Unsettle("node-a", ip("10.0.1.10")); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("unsettle of an idle address = %v, want ErrNotHeld", err)
+	}
+	_, err = s.Hold("node-a", ips("10.0.1.10"), HoldReleasing)
+	must(t, err)
+	must(t, s.Unsettle("node-a", ip("10.0.1.10")))
+	got, err := s.LookupIP(ip("10.0.1.10"))
+	must(t, err)
+	if got.State != StateHeld || got.HoldReason != HoldUnsettled {
+		t.Fatalf("after Unsettle: %+v", got)
+	}
+	check(t, s)
+}

@@ -407,6 +407,57 @@ func (s *Store) Unhold(node string, addr netip.Addr, o *Owner, now time.Time) (I
 	return sl.n.unhold(a, o, now)
 }
 
+// Surrender takes an address assigned to pod back into Held(HoldReleasing)
+// in one step, so that no Allocate can hand it out before the caller deletes
+// it from the cloud: a fixed IP leaving its node for the pod's new node.
+// Idle and held addresses are held (or stay held) as well; an address
+// assigned to another pod is refused with ErrPodHasIP.
+func (s *Store) Surrender(node string, addr netip.Addr, pod PodKey) (IPInfo, error) {
+	a, err := checkAddr(addr)
+	if err != nil {
+		return IPInfo{}, fmt.Errorf("node %s: %w", node, err)
+	}
+	sl, err := s.lock(node)
+	if err != nil {
+		return IPInfo{}, err
+	}
+	defer sl.mu.Unlock()
+	r, ok := sl.n.ips[a]
+	if !ok {
+		return IPInfo{}, fmt.Errorf("node %s: ip %s: %w", node, a, ErrUnknownIP)
+	}
+	if r.state == StateAssigned && r.owner.Pod() != pod {
+		return IPInfo{}, fmt.Errorf("node %s: ip %s belongs to %s, not %s: %w", node, a, r.owner, pod, ErrPodHasIP)
+	}
+	sl.n.leave(r)
+	sl.n.enterHeld(r, HoldReleasing)
+	return sl.n.info(r), nil
+}
+
+// Unsettle marks a held address HoldUnsettled: a cloud delete of it had an
+// unclear outcome, and only a later read can tell whether the ENI still has
+// it (see Settle).
+func (s *Store) Unsettle(node string, addr netip.Addr) error {
+	a, err := checkAddr(addr)
+	if err != nil {
+		return fmt.Errorf("node %s: %w", node, err)
+	}
+	sl, err := s.lock(node)
+	if err != nil {
+		return err
+	}
+	defer sl.mu.Unlock()
+	r, ok := sl.n.ips[a]
+	if !ok {
+		return fmt.Errorf("node %s: ip %s: %w", node, a, ErrUnknownIP)
+	}
+	if r.state != StateHeld {
+		return fmt.Errorf("node %s: ip %s is %s: %w", node, a, r.state, ErrNotHeld)
+	}
+	r.hold = HoldUnsettled
+	return nil
+}
+
 // Settle resolves a held address by what a cloud read of its ENI showed:
 // listed (present), it returns to the pool, cooling from coolFrom (the
 // last moment a pod may have used it: the release, or the hand-over); not

@@ -15,6 +15,8 @@ import (
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
 )
 
+var _ FixedIPMover = (*IPAM)(nil)
+
 // isFixedIPPod reports whether the pod is a StatefulSet pod whose IP is
 // pinned to its name (cce.io/sts-enable-fix-ip: "True").
 func isFixedIPPod(pod *corev1.Pod) bool {
@@ -66,19 +68,13 @@ func (i *IPAM) takeFixedIP(ctx context.Context, n *node, owner datastore.Owner) 
 	}
 
 	// Move: free the address on its old ENI first (the cloud refuses an
-	// address that is still attached elsewhere in the subnet).
-	if wep.Spec.ENIID != "" {
-		if old, ok := i.node(wep.Spec.Node); ok {
-			if _, err := i.store.Hold(old.name, []netip.Addr{addr}, datastore.HoldReleasing); err != nil && !errors.Is(err, datastore.ErrNodeNotFound) {
-				i.log.Warn("could not hold the fixed IP on its old node", "ip", addr, "node", old.name, "err", err)
-			}
-		}
-		err := i.deps.Cloud.DeletePrivateIP(ctx, wep.Spec.ENIID, addr.String())
-		if err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) && !errors.Is(err, cloud.ErrENINotFound) {
-			return datastore.IPInfo{}, subnet, false, fmt.Errorf("free fixed IP %s on %s: %w", addr, wep.Spec.ENIID, err)
-		}
-		if old, ok := i.node(wep.Spec.Node); ok {
-			_, _ = i.store.RemoveIP(old.name, addr)
+	// address that is still attached elsewhere in the subnet). Only the old
+	// node's owner may do that (I1): it must forget the address in the same
+	// step, or it would give it back to the pod, or to a stranger, while the
+	// cloud has it here.
+	if wep.Spec.ENIID != "" && wep.Spec.Node != "" && wep.Spec.Node != n.name {
+		if err := i.freeOnOldNode(ctx, wep.Spec.Node, owner, addr, wep.Spec.ENIID); err != nil {
+			return datastore.IPInfo{}, subnet, false, fmt.Errorf("free fixed IP %s on its old node %s: %w", addr, wep.Spec.Node, err)
 		}
 	}
 	for _, e := range i.nodeENIs(n.name) {
@@ -106,4 +102,80 @@ func (i *IPAM) takeFixedIP(ctx context.Context, n *node, owner datastore.Owner) 
 	}
 	i.log.Warn("fixed IP could not be re-added; the pod gets a new IP in its subnet", "pod", owner.Pod().String(), "ip", addr)
 	return datastore.IPInfo{}, subnet, false, nil
+}
+
+// FixedIPMover frees a fixed IP on the node it leaves, through that node's
+// owner (the shard router forwards the call; see Deps.FixedIPMover).
+type FixedIPMover interface {
+	FreeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error
+}
+
+// freeOnOldNode frees addr on the old node: here if this replica serves it,
+// else through the mover. Without a mover (a single replica) a node nobody
+// serves is either gone, and its ENI with it, or not served yet: retry.
+func (i *IPAM) freeOnOldNode(ctx context.Context, oldNode string, owner datastore.Owner, addr netip.Addr, eniID string) error {
+	if _, ok := i.node(oldNode); ok {
+		return i.FreeMovedIP(ctx, oldNode, owner.Namespace, owner.Name, addr, eniID)
+	}
+	if i.deps.FixedIPMover != nil {
+		return i.deps.FixedIPMover.FreeMovedIP(ctx, oldNode, owner.Namespace, owner.Name, addr, eniID)
+	}
+	if !i.nodeGone(ctx, oldNode) {
+		return fmt.Errorf("%w: %s (the fixed IP's old node)", ErrNodeNotServed, oldNode)
+	}
+	err := i.deps.Cloud.DeletePrivateIP(ctx, eniID, addr.String())
+	if err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) && !errors.Is(err, cloud.ErrENINotFound) {
+		return err
+	}
+	return nil
+}
+
+// FreeMovedIP runs on the owner of node: the fixed IP of pod namespace/name
+// leaves node's ENI eniID for the pod's new node. The address is taken out
+// of the pool (it must not be assigned to another pod), deleted from the
+// cloud under node's fence, and forgotten. Safe to repeat: an address
+// already gone from the datastore or the cloud is done.
+func (i *IPAM) FreeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error {
+	n, done, ok := i.acquire(node)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNodeNotServed, node)
+	}
+	defer done()
+	until, err := i.mayActUntil(n.name)
+	if err != nil {
+		return err
+	}
+	if !until.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, until)
+		defer cancel()
+	}
+	pod := datastore.PodKey{Namespace: namespace, Name: name}
+	held := false
+	switch _, err := i.store.Surrender(n.name, addr, pod); {
+	case err == nil:
+		held = true
+	case errors.Is(err, datastore.ErrUnknownIP):
+		// Not recorded here (a rebuild after the DEL): the cloud may still
+		// have it on the ENI.
+	default:
+		return err
+	}
+	err = i.deps.Cloud.DeletePrivateIP(ctx, eniID, addr.String())
+	if err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) && !errors.Is(err, cloud.ErrENINotFound) {
+		// Still held: the ENI sync settles it, and the pod's retried ADD
+		// tries the move again.
+		if held {
+			_ = i.store.Unsettle(n.name, addr)
+		}
+		return fmt.Errorf("delete fixed IP %s from %s: %w", addr, eniID, err)
+	}
+	if held {
+		if _, err := i.store.RemoveIP(n.name, addr); err != nil {
+			i.log.Error("could not forget a moved fixed IP", "node", n.name, "ip", addr, "err", err)
+		}
+	}
+	i.log.Info("fixed IP left the node for the pod's new node", "node", n.name, "ip", addr, "eni", eniID,
+		"pod", pod.String())
+	return nil
 }

@@ -44,6 +44,10 @@ type Deps struct {
 	// IsLeader, when set, gates the cluster-wide GC duties (IPPools of
 	// deleted nodes) to one replica. Nil means always.
 	IsLeader func() bool
+	// FixedIPMover, when set, frees a fixed IP on its old node when that
+	// node is served by another replica (the shard router forwards the
+	// call to the node's owner). Nil: a single replica serving every node.
+	FixedIPMover FixedIPMover
 	// WatchKube, when set, carries the served nodes' pod watches (one per
 	// node), so that starting them on a takeover does not spend the CNI
 	// path's client-side rate limit. Default: Kube.
@@ -466,6 +470,10 @@ func (i *IPAM) cachedPod(node, namespace, name string) (*corev1.Pod, bool) {
 func (i *IPAM) NodeInformer() cache.SharedIndexInformer {
 	return i.kubeInformers.Core().V1().Nodes().Informer()
 }
+
+// SetFixedIPMover installs the shard router as the mover of fixed IPs
+// between replicas (it needs the IPAM to exist first). Call it before Run.
+func (i *IPAM) SetFixedIPMover(m FixedIPMover) { i.deps.FixedIPMover = m }
 
 // SetFence installs the shard layer's fence after New (the fence needs the
 // IPAM to exist first). Call it before Run.

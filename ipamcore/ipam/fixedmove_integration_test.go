@@ -1,0 +1,178 @@
+//go:build integration
+
+package ipam_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/cce-ipam/sharded/ipamcore/cni"
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+// serveCNI puts a gRPC CNI server in front of ip and returns a client of it.
+func serveCNI(t *testing.T, ip *ipam.IPAM) rpc.CNIBackendClient {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	rpc.RegisterCNIBackendServer(gs, cni.NewServer(cni.Config{}, ip, nil, nil))
+	go func() { _ = gs.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = conn.Close()
+		gs.Stop()
+	})
+	return rpc.NewCNIBackendClient(conn)
+}
+
+// allocateVia allocates through one replica's CNI server, retrying "busy"
+// answers as kubelet would.
+func (e *env) allocateVia(c rpc.CNIBackendClient, p podRef) (*rpc.ENIMultiIPReply, error) {
+	saved := e.cni
+	e.cni = c
+	defer func() { e.cni = saved }()
+	return e.allocate(p)
+}
+
+func (e *env) releaseVia(c rpc.CNIBackendClient, p podRef) (*rpc.ReleaseIPReply, error) {
+	return c.ReleaseIP(e.ctx, &rpc.ReleaseIPRequest{
+		K8SPodName: p.name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: p.containerID, K8SNodeName: p.node,
+	})
+}
+
+// Finding 1 of issue #19: a fixed-IP StatefulSet pod recreated on a node that
+// another replica serves. The new node's owner must not take the address off
+// the old node's ENI behind the old owner's back: the old owner would keep it
+// recorded, hand it back to the pod when it returns (an address on another
+// node's ENI), and later to a stranger.
+func TestIPAM_FixedIPMovesAcrossReplicas(t *testing.T) {
+	e := newEnv(t, "fxmove", 2, ipam.Config{IdleMin: 1, IdleMax: 6, PoolCheckPeriod: 200 * time.Millisecond,
+		ENISyncPeriod: 500 * time.Millisecond})
+	e.stop() // two replicas, one node each
+	nodeA, nodeB := e.nodes[0], e.nodes[1]
+	a, b := runMovers(t, e)
+	if err := a.ServeNode(e.ctx, nodeA); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ServeNode(e.ctx, nodeB); err != nil {
+		t.Fatal(err)
+	}
+	ca, cb := serveCNI(t, a), serveCNI(t, b)
+
+	sts := e.createStatefulSet("mv", 1)
+	p := e.createStsPod(sts, 0, nodeA, "", "c-a1")
+	r, err := e.allocateVia(ca, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed := r.IP
+
+	// To node B (another replica) ...
+	if rr, err := e.releaseVia(ca, p); err != nil || !rr.IsSuccess {
+		t.Fatalf("DEL on A = %v, %v", rr, err)
+	}
+	e.deletePod(p.name)
+	p = e.createStsPod(sts, 0, nodeB, "", "c-b1")
+	if r, err = e.allocateVia(cb, p); err != nil || r.IP != fixed {
+		t.Fatalf("on B got %v, %v; want the fixed %s", r, err, fixed)
+	}
+	// ... and back to node A.
+	if rr, err := e.releaseVia(cb, p); err != nil || !rr.IsSuccess {
+		t.Fatalf("DEL on B = %v, %v", rr, err)
+	}
+	e.deletePod(p.name)
+	p = e.createStsPod(sts, 0, nodeA, "", "c-a2")
+	r, err = e.allocateVia(ca, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.IP != fixed {
+		t.Errorf("back on A got %s, want the fixed %s", r.IP, fixed)
+	}
+	onA, onB := e.cloudIPs()[e.instance[nodeA]], e.cloudIPs()[e.instance[nodeB]]
+	if !onA[r.IP] {
+		t.Errorf("the pod back on A holds %s, which no ENI of A has in the cloud (on B's: %v)", r.IP, onB[r.IP])
+	}
+	// B must not keep the address either: its pool would hand it to a
+	// stranger on B while the pod on A uses it.
+	strangers := e.createPods("stranger", 8)
+	for _, s := range strangers {
+		if s.node != nodeB {
+			continue
+		}
+		got, err := e.allocateVia(cb, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.IP == fixed {
+			t.Fatalf("stranger %s on B got %s, the fixed IP of the pod on A (I3)", s.name, got.IP)
+		}
+	}
+	for _, node := range []string{nodeA, nodeB} {
+		ipm := a
+		if node == nodeB {
+			ipm = b
+		}
+		st, err := ipm.Stats(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(e.cloudIPs()[e.instance[node]]); got != st.Total {
+			t.Errorf("node %s: cloud has %d IPs, its owner's datastore %d", node, got, st.Total)
+		}
+	}
+}
+
+// runMovers runs two IPAMs of the env's config, as two replicas would; each
+// reaches the other's nodes through a FixedIPMover, as the shard router
+// forwards the call to the old node's owner (the router's forwarding itself
+// is tested in shard and cmd/cce-ipam).
+func runMovers(t *testing.T, e *env) (*ipam.IPAM, *ipam.IPAM) {
+	t.Helper()
+	var toA, toB peerMover
+	a := runIPAMWith(t, e, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: e.cloud, FixedIPMover: &toB})
+	b := runIPAMWith(t, e, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: e.cloud, FixedIPMover: &toA})
+	toA.peer.Store(a)
+	toB.peer.Store(b)
+	return a, b
+}
+
+type peerMover struct{ peer atomic.Pointer[ipam.IPAM] }
+
+func (m *peerMover) FreeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error {
+	return m.peer.Load().FreeMovedIP(ctx, node, namespace, name, addr, eniID)
+}
+
+func runIPAMWith(t *testing.T, e *env, deps ipam.Deps) *ipam.IPAM {
+	t.Helper()
+	ip, err := ipam.New(e.cfg, deps, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	runErr := make(chan error, 1)
+	go func() { runErr <- ip.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Errorf("ipam Run: %v", err)
+		}
+	})
+	return ip
+}

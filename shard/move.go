@@ -1,0 +1,114 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/cce-ipam/sharded/ipamcore/cni"
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+// A fixed-IP StatefulSet pod recreated on a node of another replica takes
+// its address along: the address must first leave the old node's ENI, and
+// only the old node's owner may do that (I1), forgetting it in the same step.
+// The new node's owner asks it through the router, in one forwarded hop.
+//
+// The wire is the CNI service's ReleaseIP (no new RPC, so the forward port
+// stays the CNI port): K8SNodeName is the old node, the sandbox field
+// carries "move:<ip>@<eni>" and a headerMove marks the call. The forward MAC
+// covers the sandbox field under its own method name (methodMove), so a
+// move cannot be forged from a signed ReleaseIP, nor its address changed.
+const (
+	headerMove = "x-cce-ipam-fixed-ip-move"
+	movePrefix = "move:"
+)
+
+var methodMove = methodRelease + "#fixed-ip-move"
+
+// Mover is what serves a move on the old node's owner (ipam.IPAM).
+type Mover interface {
+	FreeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error
+}
+
+var _ ipam.FixedIPMover = (*Router)(nil)
+
+// FreeMovedIP implements ipam.FixedIPMover: it frees the address on node
+// where node is served, waiting (as any call does) while node has no owner.
+func (r *Router) FreeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error {
+	// A move is this replica's own call, even when the ADD that needs it
+	// was forwarded here: it may be forwarded once more.
+	return r.freeMovedIP(context.WithValue(ctx, forwardedKey{}, nil), node, namespace, name, addr, eniID)
+}
+
+func (r *Router) freeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error {
+	if r.mover == nil {
+		return fmt.Errorf("%w: this replica cannot move fixed IPs", ErrNotOwner)
+	}
+	ref := cni.PodRef{Namespace: namespace, Name: name, Node: node, ContainerID: movePrefix + addr.String() + "@" + eniID}
+	_, _, err := r.route(ctx, methodMove, node, ref,
+		func(ctx context.Context) (cni.Endpoint, bool, error) {
+			return cni.Endpoint{}, true, r.mover.FreeMovedIP(ctx, node, namespace, name, addr, eniID)
+		},
+		func(ctx context.Context, c rpc.CNIBackendClient) (cni.Endpoint, bool, error) {
+			ctx = metadata.AppendToOutgoingContext(ctx, headerMove, "1")
+			reply, err := c.ReleaseIP(ctx, &rpc.ReleaseIPRequest{
+				K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID,
+				K8SNodeName: node, IPType: rpc.IPType_BCCMultiENIMultiIPType,
+			})
+			if err != nil {
+				return cni.Endpoint{}, false, err
+			}
+			if !reply.GetIsSuccess() {
+				return cni.Endpoint{}, false, remoteError(reply.GetErrMsg())
+			}
+			return cni.Endpoint{}, true, nil
+		})
+	return err
+}
+
+// parseMove reads the sandbox field of a move.
+func parseMove(field string) (netip.Addr, string, error) {
+	rest, ok := strings.CutPrefix(field, movePrefix)
+	if !ok {
+		return netip.Addr{}, "", fmt.Errorf("not a fixed-IP move: %q", field)
+	}
+	ip, eniID, ok := strings.Cut(rest, "@")
+	addr, err := netip.ParseAddr(ip)
+	if !ok || err != nil || eniID == "" {
+		return netip.Addr{}, "", fmt.Errorf("malformed fixed-IP move %q", field)
+	}
+	return addr, eniID, nil
+}
+
+// serveMove handles a forwarded move (already authenticated as methodMove)
+// here, or refuses it as not the owner: never forwarded again.
+func (r *Router) serveMove(ctx context.Context, req any) (any, error) {
+	rel, ok := req.(*rpc.ReleaseIPRequest)
+	if !ok {
+		return nil, status.Error(codes.InvalidArgument, "a fixed-IP move must be a ReleaseIP request")
+	}
+	addr, eniID, err := parseMove(rel.GetK8SPodInfraContainerID())
+	if err != nil || rel.GetK8SNodeName() == "" || rel.GetK8SPodName() == "" || rel.GetK8SPodNamespace() == "" {
+		if err == nil {
+			err = fmt.Errorf("a fixed-IP move needs the node, the pod's namespace and name")
+		}
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := r.freeMovedIP(ctx, rel.GetK8SNodeName(), rel.GetK8SPodNamespace(), rel.GetK8SPodName(), addr, eniID); err != nil {
+		return &rpc.ReleaseIPReply{IsSuccess: false, ErrMsg: err.Error()}, nil
+	}
+	return &rpc.ReleaseIPReply{IsSuccess: true}, nil
+}
+
+// isMove reports whether an incoming call is a fixed-IP move.
+func isMove(md metadata.MD, info *grpc.UnaryServerInfo) bool {
+	return len(md.Get(headerMove)) > 0 && info.FullMethod == methodRelease
+}

@@ -248,12 +248,12 @@ func (i *IPAM) deleteFromCloud(ctx context.Context, n *node, eniID string, held 
 			}
 			continue
 		}
-		due := i.deps.Clock.Now().Add(trimSettleAfter)
+		due := i.deps.Clock.Now().Add(i.cfg.ReadLag)
 		for _, a := range chunk {
 			unsettled[a] = unsettledTrim{eniID: eniID, due: due}
 		}
 		i.log.Warn("trimming the pool had an unclear outcome; the IPs stay out of the pool until a read of the ENI settles them",
-			"node", n.name, "eni", eniID, "ips", chunk, "class", class.String(), "settle_in", trimSettleAfter, "err", err)
+			"node", n.name, "eni", eniID, "ips", chunk, "class", class.String(), "settle_in", i.cfg.ReadLag, "err", err)
 	}
 }
 
@@ -273,14 +273,10 @@ func deleteNotApplied(err error) bool {
 	return false
 }
 
-// trimSettleAfter is how long after an unclear delete its addresses are read
-// back: a read taken at once could come from a replica that has not seen
-// the delete yet and show an address that is gone. trimSettleRetry spaces the
-// reads while they fail.
-const (
-	trimSettleAfter = 3 * time.Second
-	trimSettleRetry = 15 * time.Second
-)
+// An unclear delete's addresses are read back ReadLag after it: a read taken
+// at once could come from a replica that has not seen the delete yet and show
+// an address that is gone. trimSettleRetry spaces the reads while they fail.
+const trimSettleRetry = 15 * time.Second
 
 // unsettledTrim is a trimmed address whose delete had an unclear outcome; it
 // is held (HoldReleasing) until settleTrims reads its ENI at due.

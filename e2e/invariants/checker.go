@@ -40,9 +40,30 @@ type Config struct {
 	// the cluster has settled: a pool legitimately overshoots while it grows
 	// and while released IPs cool down.
 	Pool *PoolBounds
+	// WEPAddresses enables check (e): no two WorkloadEndpoints of served
+	// nodes name one address, and the address a WorkloadEndpoint names is on
+	// an in-use ENI of its node in the cloud (read the cloud's true state:
+	// WorldView, not a lagging API read). A wep whose pod is live on that
+	// node must pass at every check; any other wep (a fixed-IP reservation,
+	// a pod terminating or moving) within GhostGrace.
+	WEPAddresses bool
+	GhostGrace   time.Duration
+	// Pools enables check (f): the owner's datastore assigns exactly as
+	// many addresses on a node as WorkloadEndpoints name there. Run (f) once
+	// the cluster has settled (WaitClean); nil skips it.
+	Pools PoolSource
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 }
+
+// PoolCounts is what a node's owner says about the node's addresses.
+type PoolCounts struct {
+	Total, Idle, Assigned, Held int
+}
+
+// PoolSource asks a node's owner for its counts (e.g. a replica's
+// /shard/node endpoint).
+type PoolSource func(ctx context.Context, node string) (PoolCounts, error)
 
 // Checker checks the IPAM's invariants against a live cluster and cloud.
 // It is safe for concurrent use; checks run one at a time.
@@ -63,7 +84,7 @@ func New(cfg Config, kube kubernetes.Interface, cce cceclient.Interface, cloud C
 	if cfg.Pool != nil && (cfg.Pool.Min < 0 || cfg.Pool.Max < cfg.Pool.Min) {
 		return nil, fmt.Errorf("invariants: pool bounds [%d,%d] are not a range", cfg.Pool.Min, cfg.Pool.Max)
 	}
-	if cfg.OrphanGrace < 0 {
+	if cfg.OrphanGrace < 0 || cfg.GhostGrace < 0 {
 		return nil, errors.New("invariants: orphan grace must not be negative")
 	}
 	if cfg.Now == nil {
@@ -103,7 +124,41 @@ func (c *Checker) Check(ctx context.Context) (Violations, error) {
 	}
 	s.now = c.rules.cfg.Now()
 	found := c.rules.evaluate(s)
+	if c.rules.cfg.Pools != nil {
+		vs, err := c.checkPools(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		found = append(found, vs...)
+	}
 	return c.confirm(ctx, found, s)
+}
+
+// checkPools applies (f) to every served node of the snapshot.
+func (c *Checker) checkPools(ctx context.Context, s snapshot) (Violations, error) {
+	named := map[string]int{}
+	for _, w := range s.weps {
+		if w.Spec.IP != "" {
+			named[w.Spec.Node]++
+		}
+	}
+	var out Violations
+	for i := range s.nodes {
+		n := &s.nodes[i]
+		if !c.rules.inScope(n) {
+			continue
+		}
+		pc, err := c.rules.cfg.Pools(ctx, n.Name)
+		if err != nil {
+			return nil, fmt.Errorf("pool of %s: %w", n.Name, err)
+		}
+		if pc.Assigned != named[n.Name] {
+			out = append(out, Violation{Kind: KindDatastoreMismatch, Node: n.Name,
+				Detail: fmt.Sprintf("the owner's datastore assigns %d addresses (%d idle, %d held, %d in all), WorkloadEndpoints name %d",
+					pc.Assigned, pc.Idle, pc.Held, pc.Total, named[n.Name])})
+		}
+	}
+	return out, nil
 }
 
 func (c *Checker) namespaces() []string {
@@ -118,6 +173,16 @@ func (c *Checker) namespaces() []string {
 func (c *Checker) confirm(ctx context.Context, found Violations, s snapshot) (Violations, error) {
 	var out Violations
 	for _, v := range found {
+		if v.Kind == KindWEPNotOnENI {
+			ok, err := c.confirmWEPNotOnENI(ctx, v)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				out = append(out, v)
+			}
+			continue
+		}
 		if v.Kind != KindMissingWEP && v.Kind != KindWEPMismatch && v.Kind != KindIPNotOnNode {
 			out = append(out, v)
 			continue
@@ -156,6 +221,48 @@ func (c *Checker) confirm(ctx context.Context, found Violations, s snapshot) (Vi
 	}
 	out.sort()
 	return out, nil
+}
+
+// confirmWEPNotOnENI reads the pod, its wep and the cloud again: the
+// finding stands if the pod is still live on the wep's node, the wep still
+// names the address, and the node's ENIs still lack it.
+func (c *Checker) confirmWEPNotOnENI(ctx context.Context, v Violation) (bool, error) {
+	ns, name := splitKey(v.WEP)
+	pod, err := c.kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("confirm %s: %w", v.WEP, err)
+	}
+	w, err := c.cce.CceV1alpha1().WorkloadEndpoints(ns).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("confirm %s: %w", v.WEP, err)
+	}
+	if !live(pod) || pod.DeletionTimestamp != nil || pod.Spec.NodeName != v.Node || w.Spec.Node != v.Node || canon(w.Spec.IP) != v.IP {
+		return false, nil
+	}
+	node, err := c.kube.CoreV1().Nodes().Get(ctx, v.Node, metav1.GetOptions{})
+	if err != nil {
+		return false, fmt.Errorf("confirm %s: %w", v.WEP, err)
+	}
+	enis, err := c.cloud.ENIs(ctx)
+	if err != nil {
+		return false, fmt.Errorf("confirm %s: list cloud ENIs: %w", v.WEP, err)
+	}
+	for _, e := range enis {
+		if e.InUse && e.InstanceID == instanceOf(node) {
+			for _, ip := range e.IPs {
+				if canon(ip) == v.IP {
+					return false, nil
+				}
+			}
+		}
+	}
+	return true, nil
 }
 
 func splitKey(k string) (string, string) {

@@ -9,7 +9,14 @@
 //     grace period (fixed-IP StatefulSet reservations excepted);
 //   - (d) LeakedIPs, PoolBelowMin: every cloud IP on a node's ENIs is named by
 //     a WorkloadEndpoint or idle, and the idle ones stay within the pool's
-//     [min,max] (I4).
+//     [min,max] (I4);
+//   - (e) WEPNotOnENI, GhostWEP, WEPSharedIP (Config.WEPAddresses): every
+//     address a WorkloadEndpoint names is on an in-use ENI of its node, and
+//     no two weps name one address;
+//   - (f) DatastoreMismatch (Config.Pools): each node's owner assigns in
+//     its datastore exactly as many addresses as weps name on the node;
+//   - I5 BudgetExceeded: CallLog accumulates the cloud's per-second call
+//     counts over a run and checks every second against rate + burst.
 //
 // The cloud comes through a CloudView: SimView reads an in-process bce-sim,
 // ProviderView lists through the BCE client (a bce-sim process or BCE).

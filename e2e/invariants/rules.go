@@ -26,10 +26,11 @@ type snapshot struct {
 type rules struct {
 	cfg         Config
 	orphanSince map[string]time.Time // wep namespace/name/uid → first seen orphaned
+	ghostSince  map[string]time.Time // wep namespace/name/uid/node/ip → first seen off its node's ENIs
 }
 
 func newRules(cfg Config) *rules {
-	return &rules{cfg: cfg, orphanSince: map[string]time.Time{}}
+	return &rules{cfg: cfg, orphanSince: map[string]time.Time{}, ghostSince: map[string]time.Time{}}
 }
 
 func key(namespace, name string) string { return namespace + "/" + name }
@@ -166,6 +167,11 @@ func (r *rules) evaluate(s snapshot) Violations {
 		}
 	}
 
+	// (e) every address a wep names is on its node's ENIs, and no two weps
+	// name one address.
+	if r.cfg.WEPAddresses {
+		out = append(out, r.checkWEPAddresses(s, nodes, cloudIPs, weps, pods)...)
+	}
 	// (d) every cloud IP on a node is assigned or idle within the bounds.
 	if b := r.cfg.Pool; b != nil {
 		assigned := map[string]map[string]bool{} // node → IPs named by a wep
@@ -241,4 +247,62 @@ func sortIPs(ips []string) {
 		}
 		return a.Less(b)
 	})
+}
+
+// checkWEPAddresses applies (e): no two weps of served nodes name one
+// address (whatever their namespace), and the address a wep names is on an
+// in-use ENI of the wep's node. A wep whose pod is live on that node must
+// pass at once (WEPNotOnENI; a Running pod whose own IP is missing is
+// already reported by (b)); any other wep (a fixed-IP reservation whose pod
+// is away or moving, a pod terminating) gets cfg.GhostGrace (GhostWEP).
+func (r *rules) checkWEPAddresses(s snapshot, nodes map[string]*corev1.Node, cloudIPs map[string]map[string]bool,
+	weps map[string]*cce.WorkloadEndpoint, pods map[string]*corev1.Pod) Violations {
+	var out Violations
+	byIP := map[string][]string{}
+	seen := map[string]bool{}
+	for k, w := range weps {
+		n, ok := nodes[w.Spec.Node]
+		if !ok || w.Spec.IP == "" {
+			continue
+		}
+		ip := canon(w.Spec.IP)
+		byIP[ip] = append(byIP[ip], k)
+		if cloudIPs[instanceOf(n)][ip] {
+			continue
+		}
+		p := pods[k]
+		if p != nil && live(p) && p.DeletionTimestamp == nil && p.Spec.NodeName == w.Spec.Node {
+			if p.Status.Phase == corev1.PodRunning && canon(p.Status.PodIP) == ip {
+				continue // (b) IPNotOnNode reports it
+			}
+			out = append(out, Violation{Kind: KindWEPNotOnENI, Pods: []string{k}, WEP: k, Node: n.Name, IP: ip,
+				Detail: "the WorkloadEndpoint of a live pod names an IP on no in-use ENI of instance " + instanceOf(n)})
+			continue
+		}
+		id := k + "/" + string(w.UID) + "/" + w.Spec.Node + "/" + ip
+		seen[id] = true
+		since, ok := r.ghostSince[id]
+		if !ok {
+			since = s.now
+			r.ghostSince[id] = since
+		}
+		if s.now.Sub(since) >= r.cfg.GhostGrace {
+			out = append(out, Violation{Kind: KindGhostWEP, WEP: k, Node: n.Name, IP: ip,
+				Detail: "WorkloadEndpoint names an IP on no in-use ENI of instance " + instanceOf(n) + " for " +
+					s.now.Sub(since).Round(time.Millisecond).String()})
+		}
+	}
+	for id := range r.ghostSince {
+		if !seen[id] {
+			delete(r.ghostSince, id)
+		}
+	}
+	for ip, ks := range byIP {
+		if len(ks) > 1 {
+			sort.Strings(ks)
+			out = append(out, Violation{Kind: KindWEPSharedIP, IP: ip, WEP: strings.Join(ks, ","),
+				Detail: "WorkloadEndpoints name the same IP"})
+		}
+	}
+	return out
 }

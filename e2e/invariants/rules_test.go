@@ -105,6 +105,33 @@ func TestRules_Evaluate(t *testing.T) {
 			s.weps = append(s.weps, w)
 			s.enis[0].IPs = append(s.enis[0].IPs, "10.0.0.5")
 		}, nil},
+		{"(e) healthy", Config{WEPAddresses: true}, func(*snapshot) {}, nil},
+		{"(e) a live pod's wep names an IP its node's ENIs lack", Config{WEPAddresses: true}, func(s *snapshot) {
+			s.pods[2].Status.Phase, s.pods[2].Status.PodIP, s.pods[2].Status.PodIPs = corev1.PodPending, "", nil
+			s.enis[1].IPs = []string{"10.0.1.2"}
+		}, []string{"WEPNotOnENI node=n2 pods=ns/c wep=ns/c ip=10.0.1.1"}},
+		{"(e) a Running pod's missing IP is (b)'s finding only", Config{WEPAddresses: true}, func(s *snapshot) {
+			s.enis[1].IPs = []string{"10.0.1.2"}
+		}, []string{"IPNotOnNode node=n2 pods=ns/c ip=10.0.1.1"}},
+		{"(e) two weps name one IP", Config{WEPAddresses: true, Namespaces: []string{"ns"}}, func(s *snapshot) {
+			w := wep("x", "n1", "10.0.0.1")
+			w.Namespace = "elsewhere"
+			s.weps = append(s.weps, w)
+		}, []string{"WEPSharedIP wep=elsewhere/x,ns/a ip=10.0.0.1"}},
+		{"(e) a reservation off its node's ENIs is a ghost past the grace (0)", Config{WEPAddresses: true}, func(s *snapshot) {
+			s.pods = s.pods[:2]
+			s.weps[2].Spec.Type, s.weps[2].Spec.EnableFixIP = cce.WorkloadEndpointTypeStatefulSet, cce.EnableFixIPTrue
+			s.enis[1].IPs = []string{"10.0.1.2"}
+		}, []string{"GhostWEP node=n2 wep=ns/c ip=10.0.1.1"}},
+		{"(e) a reservation within the grace is no ghost yet", Config{WEPAddresses: true, GhostGrace: time.Second}, func(s *snapshot) {
+			s.pods = s.pods[:2]
+			s.weps[2].Spec.Type, s.weps[2].Spec.EnableFixIP = cce.WorkloadEndpointTypeStatefulSet, cce.EnableFixIPTrue
+			s.enis[1].IPs = []string{"10.0.1.2"}
+		}, nil},
+		{"(e) a moving pod's wep gets the grace", Config{WEPAddresses: true, GhostGrace: time.Second}, func(s *snapshot) {
+			s.pods[2].Spec.NodeName, s.pods[2].Status.Phase = "n1", corev1.PodPending
+			s.enis[1].IPs = []string{"10.0.1.2"}
+		}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := healthy()

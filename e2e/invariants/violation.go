@@ -26,6 +26,23 @@ const (
 	KindLeakedIPs Kind = "LeakedIPs"
 	// (d) a node holds fewer idle IPs than the pool's minimum.
 	KindPoolBelowMin Kind = "PoolBelowMin"
+	// (e) the WorkloadEndpoint of a live pod names an IP that is on no
+	// in-use ENI of the wep's node in the cloud.
+	KindWEPNotOnENI Kind = "WEPNotOnENI"
+	// (e) a ghost: a WorkloadEndpoint without a live pod on its node (a
+	// fixed-IP reservation, a pod terminating) has named an IP on no in-use
+	// ENI of its node for longer than the grace.
+	KindGhostWEP Kind = "GhostWEP"
+	// (e) a ghost: two WorkloadEndpoints name the same IP.
+	KindWEPSharedIP Kind = "WEPSharedIP"
+	// (f) a ghost: a node's owner holds fewer (or more) addresses assigned
+	// in its datastore than WorkloadEndpoints name on the node, so some wep
+	// names an address the owner keeps idle, or an address is assigned
+	// with no wep. Only meaningful once the cluster has settled.
+	KindDatastoreMismatch Kind = "DatastoreMismatch"
+	// I5: more BCE API calls reached the cloud in one second than the
+	// replicas' global rate + burst.
+	KindBudgetExceeded Kind = "BudgetExceeded"
 	// KindCheckFailed is reported by WaitClean when the last check could
 	// not take its snapshot.
 	KindCheckFailed Kind = "CheckFailed"

@@ -9,7 +9,8 @@
 // instance's memory, cce.io/max-eni-num) and a Ready status.
 //
 // Run then watches pods. An unscheduled pod is bound (pods/binding) to the
-// least loaded simulated node; a pod on a simulated node gets a sandbox with
+// least loaded simulated node (unless its schedulerName is ManualScheduler:
+// the test binds those); a pod on a simulated node gets a sandbox with
 // a fresh infra container ID and an AllocateIP call to the CNI endpoint,
 // exactly the fields the reference plugin sends, and then its Running
 // status with the IP. A failed ADD is recorded as a FailedCreatePodSandBox

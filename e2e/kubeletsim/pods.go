@@ -64,6 +64,11 @@ func (s *Simulator) setState(key string, st *podState) {
 	}
 }
 
+// ManualScheduler is a schedulerName the simulator does not bind: a test
+// that must choose a pod's node (e.g. to move a fixed-IP StatefulSet pod to
+// a node another replica owns) binds such pods itself.
+const ManualScheduler = "e2e-manual"
+
 // sync moves one pod a step towards what its object asks for. An error means
 // retry with backoff; after > 0 means look again then.
 func (s *Simulator) sync(ctx context.Context, rt *runState, key string) (after time.Duration, err error) {
@@ -94,7 +99,7 @@ func (s *Simulator) sync(ctx context.Context, rt *runState, key string) (after t
 		st = nil
 	}
 	if pod.Spec.NodeName == "" {
-		if s.cfg.NoScheduling || pod.DeletionTimestamp != nil {
+		if s.cfg.NoScheduling || pod.DeletionTimestamp != nil || pod.Spec.SchedulerName == ManualScheduler {
 			return 0, nil
 		}
 		return s.bind(ctx, pod, key)

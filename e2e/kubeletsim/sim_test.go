@@ -308,3 +308,33 @@ func TestSimulator_Run_RenewsNodeLeases(t *testing.T) {
 		t.Fatal("lease written for a node the simulator does not play")
 	}
 }
+
+// A pod for ManualScheduler is left unbound, for the test to place; once
+// bound it runs like any other.
+func TestSimulator_Sync_ManualSchedulerIsNotBound(t *testing.T) {
+	f := newFixture(t, newScriptedCNI(0, 0), "n1")
+	_, err := f.kube.CoreV1().Pods("ns").Create(context.Background(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "sts-0", Namespace: "ns", UID: types.UID("uid-ns-sts-0")},
+		Spec:       corev1.PodSpec{SchedulerName: ManualScheduler, Containers: []corev1.Container{{Name: "c", Image: "i"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.createPod("web", "") // a control: bound
+	f.eventually("control pod Running", func() bool {
+		p := f.pod("web")
+		return p != nil && p.Status.Phase == corev1.PodRunning
+	})
+	if p := f.pod("sts-0"); p.Spec.NodeName != "" || f.sim.Stats().Binds != 1 {
+		t.Fatalf("manual pod bound to %q (binds %d)", p.Spec.NodeName, f.sim.Stats().Binds)
+	}
+	p := f.pod("sts-0")
+	p.Spec.NodeName = "n1" // as pods/binding would
+	if _, err := f.kube.CoreV1().Pods("ns").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.eventually("manual pod Running once bound", func() bool {
+		p := f.pod("sts-0")
+		return p != nil && p.Status.Phase == corev1.PodRunning
+	})
+}

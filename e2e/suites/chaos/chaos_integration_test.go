@@ -5,6 +5,7 @@ package chaos_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"sort"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 	"github.com/cce-ipam/sharded/e2e/fleet"
@@ -68,6 +71,12 @@ func (l *faultLog) add(t *testing.T, kind, detail string) {
 	t.Logf("chaos: %s %s", kind, detail)
 }
 
+func (l *faultLog) count(kind string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.counts[kind]
+}
+
 func (l *faultLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -81,6 +90,22 @@ func (l *faultLog) String() string {
 	return fmt.Sprintf("%d faults (%s)", total, strings.Join(kinds, " "))
 }
 
+// Chaos-profile settings the faults depend on.
+const (
+	// maxInjectedLag bounds bce-sim's replica lag (ReplicaLagMs); the
+	// replicas' --cloud-read-lag must not be shorter.
+	maxInjectedLag = 3 * time.Second
+	cloudReadLag   = 5 * time.Second
+	// gcPeriod is short so that GC passes run while a replica drains.
+	gcPeriod = 2 * time.Second
+	// fixedReplicas is the size of the fixed-IP StatefulSet.
+	fixedReplicas = 4
+)
+
+// The fault kinds issue #19 added; every run, the short one too, injects
+// each at least once.
+var newKinds = []string{"lag-handover", "5xx-storm", "sts-move", "gc-drain"}
+
 func TestChaos(t *testing.T) {
 	if !env.Local() {
 		t.Fatal("the chaos suite kills and pauses processes: run it locally (make e2e-chaos), not against kind")
@@ -89,27 +114,58 @@ func TestChaos(t *testing.T) {
 	seed := envSeed(t)
 	t.Logf("chaos: seed %d (E2E_CHAOS_SEED), duration %s (E2E_CHAOS_DURATION)", seed, duration)
 	rng := rand.New(rand.NewPCG(seed, seed+7))
+	if maxInjectedLag > cloudReadLag {
+		t.Fatalf("bce-sim lag up to %s needs --cloud-read-lag >= that, have %s", maxInjectedLag, cloudReadLag)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), duration+10*time.Minute)
 	defer cancel()
 	// NetNS: every replica in its own network namespace, so one can be cut
 	// off from its peers.
-	f := env.Fleet(t, fleet.Options{Name: "chaos", Replicas: 3, Nodes: 8, NetNS: true})
+	f := env.Fleet(t, fleet.Options{Name: "chaos", Replicas: 3, Nodes: 8, NetNS: true,
+		ReplicaArgs: []string{"--gc-period", gcPeriod.String(), "--cloud-read-lag", cloudReadLag.String()}})
 	if !f.Sharded() {
 		t.Fatal("cce-ipam has no sharding flags; the chaos suite needs issue #5")
 	}
+	// I5 is counted at bce-sim in HTTP requests, throttled and 5xx-answered
+	// ones included, for every second from here on (the nodes are
+	// registered: from now on only the replicas call the BCE API). bce-sim
+	// keeps 600 seconds of counters: they are read well within that.
+	chaosStart := time.Now()
 	suite.WaitSharded(ctx, t, f)
 	ns := suite.Namespace(t, f.Kube)
 	limits, err := f.SimRateLimits(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	o := f.Options()
 
-	// The checker runs throughout. Orphans get a long grace (releases are
-	// retried through faults); every other finding is a violation. It
-	// pauses while bce-sim serves lagging reads, which would show the
-	// checker itself a stale cloud.
-	chk, err := f.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 90 * time.Second})
+	// The fixed-IP StatefulSet, placed by the test.
+	fixed := newFixedSet(f, ns, fixedReplicas, seed)
+	fixed.create(ctx, t)
+	binderCtx, stopBinder := context.WithCancel(ctx)
+	var binderWG sync.WaitGroup
+	binderWG.Go(func() { fixed.run(binderCtx, t) })
+	defer func() { stopBinder(); binderWG.Wait() }()
+	suite.WaitPods(ctx, t, f.Kube, ns, fixed.selector(), fixedReplicas)
+
+	budget := int64(math.Ceil(o.BCERate)) + int64(o.BCEBurst)
+	calls := &invariants.CallLog{}
+	readCalls := func(ctx context.Context) error {
+		st, err := f.SimStats(ctx)
+		if err == nil {
+			calls.Add(time.Now(), st.All.PerSecond)
+		}
+		return err
+	}
+
+	// The checker runs throughout, lagging reads included: it reads
+	// bce-sim's true world (WorldView), never a lagged API read. Orphans
+	// get a long grace (releases are retried through faults), and so do
+	// ghosts (a fixed IP between its old and its new node); every other
+	// finding is a violation.
+	chk, err := f.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 90 * time.Second,
+		WEPAddresses: true, GhostGrace: 60 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +174,6 @@ func TestChaos(t *testing.T) {
 		violations invariants.Violations
 		checks     int
 		checkErrs  int
-		lagUntil   time.Time
 	)
 	checkCtx, stopChecks := context.WithCancel(ctx)
 	var checkWG sync.WaitGroup
@@ -128,12 +183,6 @@ func TestChaos(t *testing.T) {
 			case <-checkCtx.Done():
 				return
 			case <-time.After(3 * time.Second):
-			}
-			vmu.Lock()
-			lagging := time.Now().Before(lagUntil)
-			vmu.Unlock()
-			if lagging {
-				continue
 			}
 			vs, err := chk.Check(checkCtx)
 			vmu.Lock()
@@ -146,6 +195,16 @@ func TestChaos(t *testing.T) {
 				violations = append(violations, v)
 			}
 			vmu.Unlock()
+		}
+	})
+	checkWG.Go(func() {
+		for {
+			select {
+			case <-checkCtx.Done():
+				return
+			case <-time.After(20 * time.Second):
+			}
+			_ = readCalls(checkCtx)
 		}
 	})
 
@@ -164,11 +223,34 @@ func TestChaos(t *testing.T) {
 		case <-time.After(d):
 		}
 	}
+	forceDeleted := 0
+	kinds := []string{"kill", "kill", "pause", "bce-sim", "429", "apiserver", "partition",
+		"lag-handover", "5xx-storm", "sts-move", "gc-drain", "quiet"}
 	end := time.Now().Add(duration)
 	lastAPIRestart := time.Now()
-	for time.Now().Before(end) && ctx.Err() == nil {
-		switch k := rng.IntN(8); {
-		case k == 0 || k == 1:
+	next := func() (string, bool) {
+		if time.Now().Before(end) {
+			return kinds[rng.IntN(len(kinds))], true
+		}
+		// Time is up: whatever new kind did not come up yet, in order.
+		for _, k := range newKinds {
+			if faults.count(k) == 0 {
+				return k, true
+			}
+		}
+		return "", false
+	}
+	for ctx.Err() == nil {
+		kind, ok := next()
+		if !ok {
+			break
+		}
+		// Choices that depend on the cluster's state (which pods run,
+		// which nodes a replica holds) draw from their own source, so
+		// that the schedule stays the seed's whatever they find.
+		sub := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
+		switch kind {
+		case "kill":
 			r := pick()
 			down := hold(time.Second, 8*time.Second)
 			faults.add(t, "kill", fmt.Sprintf("replica %d (SIGKILL), down %s", r.Index(), down))
@@ -179,7 +261,7 @@ func TestChaos(t *testing.T) {
 			if err := r.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
-		case k == 2:
+		case "pause":
 			r := pick()
 			paused := hold(time.Second, 12*time.Second) // past the 6s lease sometimes
 			faults.add(t, "pause", fmt.Sprintf("replica %d (SIGSTOP) for %s", r.Index(), paused))
@@ -190,7 +272,7 @@ func TestChaos(t *testing.T) {
 			if err := r.Cont(); err != nil {
 				t.Fatal(err)
 			}
-		case k == 3:
+		case "bce-sim":
 			var fl bcesim.Faults
 			var what string
 			switch rng.IntN(3) {
@@ -201,10 +283,8 @@ func TestChaos(t *testing.T) {
 				ms := 200 + rng.IntN(1800)
 				fl.LatencyMs, what = map[bcesim.Op]int{"*": ms}, fmt.Sprintf("%dms latency", ms)
 			case 2:
-				fl.ReplicaLagMs, what = 1000+rng.IntN(2000), "replica lag"
-				vmu.Lock()
-				lagUntil = time.Now().Add(time.Minute) // until cleared + lag
-				vmu.Unlock()
+				fl.ReplicaLagMs = 1000 + rng.IntN(int(maxInjectedLag/time.Millisecond)-1000)
+				what = fmt.Sprintf("replica lag %dms", fl.ReplicaLagMs)
 			}
 			d := hold(3*time.Second, 10*time.Second)
 			faults.add(t, "bce-sim", fmt.Sprintf("%s for %s", what, d))
@@ -215,12 +295,7 @@ func TestChaos(t *testing.T) {
 			if err := f.SetFaults(ctx, bcesim.Faults{}); err != nil {
 				t.Fatal(err)
 			}
-			vmu.Lock()
-			if fl.ReplicaLagMs > 0 {
-				lagUntil = time.Now().Add(time.Duration(fl.ReplicaLagMs)*time.Millisecond + 2*time.Second)
-			}
-			vmu.Unlock()
-		case k == 4:
+		case "429":
 			d := hold(3*time.Second, 10*time.Second)
 			low := map[bcesim.Op]bcesim.RateLimit{}
 			for _, op := range []bcesim.Op{bcesim.OpBatchAddPrivateIP, bcesim.OpBatchDeletePrivateIP, bcesim.OpCreateENI,
@@ -239,14 +314,18 @@ func TestChaos(t *testing.T) {
 			if err := f.SetSimRateLimits(ctx, restore); err != nil {
 				t.Fatal(err)
 			}
-		case k == 5 && time.Since(lastAPIRestart) > 20*time.Second:
+		case "apiserver":
+			if time.Since(lastAPIRestart) < 20*time.Second {
+				sleep(hold(500*time.Millisecond, 3*time.Second)) // a quiet spell instead
+				break
+			}
 			down := hold(500*time.Millisecond, 3*time.Second)
 			faults.add(t, "apiserver", fmt.Sprintf("restart, down %s", down))
 			if err := f.RestartAPIServer(ctx, down); err != nil {
 				t.Fatal(err)
 			}
 			lastAPIRestart = time.Now()
-		case k == 6:
+		case "partition":
 			r := pick()
 			d := hold(2*time.Second, 15*time.Second) // past the lease duration sometimes
 			faults.add(t, "partition", fmt.Sprintf("replica %d cut off from its peers for %s", r.Index(), d))
@@ -256,6 +335,127 @@ func TestChaos(t *testing.T) {
 			sleep(d)
 			if err := f.Heal(r); err != nil {
 				t.Fatal(err)
+			}
+		case "lag-handover":
+			// bce-sim's reads lag while a replica's nodes go to the others
+			// and come back to it: every taker and the returning replica
+			// read a cloud older than their own writes.
+			lag := time.Duration(1000+rng.IntN(int(maxInjectedLag/time.Millisecond)-1000)) * time.Millisecond
+			r := pick()
+			how := []string{"SIGKILL", "graceful leave", "partition"}[rng.IntN(3)]
+			away := hold(2*time.Second, 10*time.Second)
+			faults.add(t, "lag-handover", fmt.Sprintf("replica lag %s while replica %d hands over (%s, away %s) and back", lag, r.Index(), how, away))
+			if err := f.SetFaults(ctx, bcesim.Faults{ReplicaLagMs: int(lag / time.Millisecond)}); err != nil {
+				t.Fatal(err)
+			}
+			sleep(lag / 2)
+			switch how {
+			case "SIGKILL":
+				if err := r.Kill(); err != nil {
+					t.Fatal(err)
+				}
+			case "graceful leave":
+				if err := r.Terminate(); err != nil {
+					t.Error(err)
+				}
+			case "partition":
+				if err := f.Partition(r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sleep(away)
+			if how == "partition" {
+				if err := f.Heal(r); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := r.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			sleep(lag + time.Second) // the hand-back under lag too
+			if err := f.SetFaults(ctx, bcesim.Faults{}); err != nil {
+				t.Fatal(err)
+			}
+		case "5xx-storm":
+			rate := 0.5 + 0.45*rng.Float64()
+			d := hold(2*time.Second, 6*time.Second)
+			m := map[bcesim.Op]float64{}
+			for _, op := range bcesim.AllOps {
+				if op.Mutating() || op == bcesim.OpListENIs || op == bcesim.OpListSubnets {
+					m[op] = rate
+				}
+			}
+			faults.add(t, "5xx-storm", fmt.Sprintf("500 on %.0f%% of mutations and lists for %s", 100*rate, d))
+			if err := f.SetFaults(ctx, bcesim.Faults{ErrorRate: m}); err != nil {
+				t.Fatal(err)
+			}
+			sleep(d)
+			if err := f.SetFaults(ctx, bcesim.Faults{}); err != nil {
+				t.Fatal(err)
+			}
+		case "sts-move":
+			n := 1 + rng.IntN(2)
+			d := hold(2*time.Second, 6*time.Second)
+			names, err := fixed.roll(ctx, sub, n)
+			if err != nil || len(names) == 0 {
+				t.Logf("chaos: sts-move: no fixed-IP pod deleted (%v)", err) // kube-apiserver restarting, or none Running
+				sleep(time.Second)
+				break
+			}
+			faults.add(t, "sts-move", fmt.Sprintf("fixed-IP pods %v deleted, to come back on another replica's node; next fault in %s", names, d))
+			sleep(d)
+		case "gc-drain":
+			// Work for GC on the nodes of a replica that then leaves
+			// gracefully: churn pods deleted at once (no graceful DEL
+			// first, so GC and the kubelet's DEL race for their weps) and
+			// the fixed-IP StatefulSet scaled down (its top pod's
+			// reservation becomes garbage). GC runs every gcPeriod, on the
+			// leaving replica and on the takers.
+			r := pick()
+			away := hold(time.Second, 5*time.Second)
+			mine := map[string]bool{}
+			for _, n := range f.Nodes() {
+				if i, err := f.NodeOwner(ctx, n); err == nil && i == r.Index() {
+					mine[n] = true
+				}
+			}
+			var victims []string
+			if list, err := f.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: suite.ChurnLabel}); err == nil {
+				var cands []string
+				for _, p := range list.Items {
+					if mine[p.Spec.NodeName] && suite.Running(&p) {
+						cands = append(cands, p.Name)
+					}
+				}
+				sort.Strings(cands)
+				for range 3 {
+					if len(cands) == 0 {
+						break
+					}
+					k := sub.IntN(len(cands))
+					victims = append(victims, cands[k])
+					cands = append(cands[:k], cands[k+1:]...)
+				}
+			}
+			for _, name := range victims {
+				if err := f.Kube.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err == nil {
+					forceDeleted++
+				}
+			}
+			if err := fixed.scale(ctx, fixedReplicas-1); err != nil {
+				t.Logf("chaos: gc-drain: scale down: %v", err)
+			}
+			faults.add(t, "gc-drain", fmt.Sprintf("replica %d (holds %d nodes) leaves gracefully during GC: %d churn pods on its nodes force-deleted %v, fixed-IP set scaled to %d; back after %s",
+				r.Index(), len(mine), len(victims), victims, fixedReplicas-1, away))
+			sleep(gcPeriod / 2)
+			if err := r.Terminate(); err != nil {
+				t.Error(err)
+			}
+			sleep(away)
+			if err := r.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := fixed.scale(ctx, fixedReplicas); err != nil {
+				t.Logf("chaos: gc-drain: scale up: %v", err)
 			}
 		default:
 			sleep(hold(500*time.Millisecond, 3*time.Second)) // a quiet spell
@@ -280,11 +480,16 @@ func TestChaos(t *testing.T) {
 			}
 		}
 	}
+	if err := fixed.scale(ctx, fixedReplicas); err != nil {
+		t.Fatal(err)
+	}
 	// The result is printed however the settling ends.
 	settleStart := time.Now()
 	var (
-		pods  []corev1.Pod
-		final invariants.Violations
+		pods   []corev1.Pod
+		final  invariants.Violations
+		i5     invariants.Violations
+		i5Done bool
 	)
 	defer func() {
 		stopChecks()
@@ -292,14 +497,34 @@ func TestChaos(t *testing.T) {
 		stats := churn.Stop()
 		ks := f.Kubelet().Stats()
 		st, _ := f.SimStats(context.Background())
+		if !i5Done {
+			_ = readCalls(context.Background())
+			i5 = calls.Budget(chaosStart, time.Now(), budget)
+		}
+		busiestAt, busiest := calls.Busiest(chaosStart, time.Now())
+		secs, inRun := calls.Seconds(chaosStart, time.Now())
 		vmu.Lock()
 		defer vmu.Unlock()
-		t.Logf("CHAOS RESULT seed=%d duration=%s: pods churned: %s; %d pods Running at the end; injected %s; "+
-			"checks during chaos: %d (%d could not read); violations during chaos: %d, at the end: %d; settled: %v after %s; "+
+		byKind := map[invariants.Kind]int{}
+		for _, vs := range []invariants.Violations{violations, final, i5} {
+			for k, n := range vs.Kinds() {
+				byKind[k] += n
+			}
+		}
+		gcReleased := 0
+		for _, r := range f.Replicas() {
+			if data, err := os.ReadFile(r.LogPath()); err == nil {
+				gcReleased += strings.Count(string(data), "gc: released")
+			}
+		}
+		t.Logf("CHAOS RESULT seed=%d duration=%s: pods churned: %s, %d force-deleted (gc-drain), %s; GC released %d IPs; %d pods Running at the end; "+
+			"injected %s; checks during chaos: %d (%d could not read); violations during chaos: %d, at the end: %d, I5: %d (by kind: %v); "+
+			"settled: %v after %s; I5 at bce-sim: %d calls in %d s, busiest second %d calls (at %s), budget rate+burst %d; "+
 			"kubelet-sim: %d allocations, %d failed and retried, allocate p50 %s p99 %s; bce-sim: %d calls, %d throttled",
-			seed, duration, stats, len(pods), faults.String(), checks, checkErrs, len(violations), len(final),
-			!t.Failed(), time.Since(settleStart).Round(time.Second), ks.Allocations, ks.AllocationErrors, ks.AllocateLatency.P50,
-			ks.AllocateLatency.P99, st.All.Calls, st.All.Throttled)
+			seed, duration, stats, forceDeleted, fixed, gcReleased, len(pods), faults.String(), checks, checkErrs, len(violations), len(final), len(i5), byKind,
+			!t.Failed(), time.Since(settleStart).Round(time.Second), inRun, secs, busiest,
+			time.Unix(busiestAt, 0).UTC().Format(time.TimeOnly), budget,
+			ks.Allocations, ks.AllocationErrors, ks.AllocateLatency.P50, ks.AllocateLatency.P99, st.All.Calls, st.All.Throttled)
 	}()
 	// Every node must have an owner again within a few lease periods; three
 	// minutes is generous on a loaded machine.
@@ -309,11 +534,17 @@ func TestChaos(t *testing.T) {
 	stats := churn.Stop()
 	pods = suite.WaitSettled(sctx, t, f, ns)
 	suite.IPs(t, pods)
+	fixedPods := suite.WaitPods(sctx, t, f.Kube, ns, fixed.selector(), fixedReplicas)
+	suite.IPs(t, append(append([]corev1.Pod(nil), pods...), fixedPods...))
+	stopBinder()
+	binderWG.Wait()
 	stopChecks()
 	checkWG.Wait()
-	o := f.Options()
+	// At the end, strictly: every wep's address on its node's ENI in the
+	// cloud, no two weps on one address, and each owner's datastore assigns
+	// exactly the addresses weps name on its nodes.
 	endChk, err := f.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 30 * time.Second,
-		Pool: &invariants.PoolBounds{Min: o.IdleMin, Max: o.IdleMax}})
+		Pool: &invariants.PoolBounds{Min: o.IdleMin, Max: o.IdleMax}, WEPAddresses: true, Pools: f.NodePool})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,10 +554,50 @@ func TestChaos(t *testing.T) {
 	if err != nil {
 		t.Errorf("invariants after chaos did not settle: %v\n%s", err, final)
 	}
+	logPools(ctx, t, f)
 	if err := f.SimCheck(ctx); err != nil {
 		t.Errorf("bce-sim world check: %v", err)
+	}
+	if err := readCalls(ctx); err != nil {
+		t.Errorf("I5: read bce-sim's call counters: %v", err)
+	}
+	i5, i5Done = calls.Budget(chaosStart, time.Now(), budget), true
+	for _, v := range i5 {
+		t.Errorf("I5: %s", v)
+	}
+	for _, k := range newKinds {
+		if faults.count(k) == 0 {
+			t.Errorf("the profile injected no %s fault", k)
+		}
 	}
 	if stats.Created == 0 || stats.Deleted == 0 || len(faults.counts) == 0 {
 		t.Errorf("chaos did nothing: %s, %s", stats, faults.String())
 	}
+}
+
+// logPools prints, per node, what its owner's datastore holds next to the
+// WorkloadEndpoints naming the node: the evidence behind check (f).
+func logPools(ctx context.Context, t *testing.T, f *fleet.Fleet) {
+	weps, err := f.CCE.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Logf("pools: %v", err)
+		return
+	}
+	named := map[string]int{}
+	for _, w := range weps.Items {
+		named[w.Spec.Node]++
+	}
+	nodes := f.Nodes()
+	sort.Strings(nodes)
+	var parts []string
+	for _, n := range nodes {
+		owner, _ := f.NodeOwner(ctx, n)
+		pc, err := f.NodePool(ctx, n)
+		if err != nil {
+			parts = append(parts, fmt.Sprintf("%s: %v", n, err))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s@r%d assigned %d/weps %d idle %d held %d", n, owner, pc.Assigned, named[n], pc.Idle, pc.Held))
+	}
+	t.Logf("pools at the end (owner's datastore vs WorkloadEndpoints): %s", strings.Join(parts, "; "))
 }

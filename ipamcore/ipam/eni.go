@@ -60,7 +60,7 @@ func (i *IPAM) createENI(ctx context.Context, n *node) error {
 	}
 	eni, err := i.attach(ctx, eniID, n.instanceID)
 	if err != nil {
-		i.discardENI(eniID, n.instanceID)
+		i.discardENI(ctx, eniID, n.instanceID)
 		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "attach %s: %v", eniID, err)
 		return fmt.Errorf("attach %s: %w", eniID, err)
 	}
@@ -176,9 +176,11 @@ func (i *IPAM) attach(ctx context.Context, eniID, instanceID string) (*cloud.ENI
 }
 
 // discardENI detaches (if needed) and deletes an ENI that could not be put to
-// use. Failures are left to the leaked-ENI sweep of the ENI sync.
-func (i *IPAM) discardENI(eniID, instanceID string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+// use. Failures are left to the leaked-ENI sweep of the ENI sync. It runs on
+// even when ctx has ended (an attach cut short), for 30 s at most, but with
+// ctx's node permission: a fenced replica sends nothing.
+func (i *IPAM) discardENI(ctx context.Context, eniID, instanceID string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if eni, err := i.deps.Cloud.GetENI(ctx, eniID); err == nil && eni.Status != cloud.ENIStatusAvailable {
 		_ = i.deps.Cloud.DetachENI(ctx, eniID, instanceID)
@@ -257,19 +259,7 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 	}
 	now := i.deps.Clock.Now()
 	for _, name := range servedNodes {
-		n, ok := i.node(name)
-		if !ok || i.mayAct(name) != nil {
-			continue
-		}
-		var inUse []cloud.ENI
-		for _, e := range byInstance[n.instanceID] {
-			if e.Status == cloud.ENIStatusInUse {
-				inUse = append(inUse, e)
-			}
-		}
-		i.adoptENIs(ctx, n, inUse)
-		i.reconcileIPs(ctx, n, inUse)
-		i.writePoolStatus(ctx, n, inUse)
+		i.syncNode(ctx, name, byInstance)
 	}
 	// Leaked: ours, unattached, older than LeakedENIAge, for a served node
 	// (its creator crashed between create and attach) or, on the leader,
@@ -282,21 +272,67 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 		if len(parts) != 4 {
 			continue
 		}
-		_, served := i.node(parts[2])
-		switch {
-		case served && i.mayAct(parts[2]) == nil:
-		case !served && (i.deps.IsLeader == nil || i.deps.IsLeader()) && i.nodeGone(ctx, parts[2]):
-			// The node is gone, so no shard owns its ENIs: the leader
-			// sweeps them.
-		default:
-			continue
-		}
-		if err := i.deps.Cloud.DeleteENI(ctx, e.ID); err == nil {
-			i.metrics.gcActions.WithLabelValues("leaked_eni").Inc()
-			i.log.Info("deleted a leaked unattached ENI", "eni", e.ID, "name", e.Name)
-		}
+		i.deleteLeakedENI(ctx, e, parts[2])
 	}
 	return nil
+}
+
+// syncNode brings one served node in line with the list, as in-flight work
+// of the node (acquireWork): StopServingNode waits for it, and its cloud
+// calls carry the node's permission.
+func (i *IPAM) syncNode(ctx context.Context, name string, byInstance map[string][]cloud.ENI) {
+	ctx, n, done, ok := i.acquireWork(ctx, name)
+	if !ok {
+		return
+	}
+	defer done()
+	if i.mayAct(name) != nil {
+		return
+	}
+	var inUse []cloud.ENI
+	for _, e := range byInstance[n.instanceID] {
+		if e.Status == cloud.ENIStatusInUse {
+			inUse = append(inUse, e)
+		}
+	}
+	i.adoptENIs(ctx, n, inUse)
+	i.reconcileIPs(ctx, n, inUse)
+	i.writePoolStatus(ctx, n, inUse)
+}
+
+// deleteLeakedENI deletes a leaked ENI named for node. For a served node
+// the delete is in-flight work of the node under its permission. A node
+// that no longer exists is served by nobody: with a fence, the holder of
+// its partition deletes the ENI, under the node's fence as for a served
+// node; without one, the leader, under forLeaderSweep. Other ENIs are left
+// to their node's owner.
+func (i *IPAM) deleteLeakedENI(ctx context.Context, e cloud.ENI, node string) {
+	if nctx, _, done, ok := i.acquireWork(ctx, node); ok {
+		defer done()
+		if i.mayAct(node) != nil {
+			return
+		}
+		ctx = nctx
+	} else {
+		switch {
+		case i.deps.Fence != nil:
+			if _, err := i.deps.Fence.MayAct(node); err != nil {
+				return // another replica's partition (no refusal to count)
+			}
+			ctx = i.forNode(ctx, node)
+		case i.deps.IsLeader != nil && !i.deps.IsLeader():
+			return
+		default:
+			ctx = i.forLeaderSweep(ctx, node)
+		}
+		if !i.nodeGone(ctx, node) {
+			return
+		}
+	}
+	if err := i.deps.Cloud.DeleteENI(ctx, e.ID); err == nil {
+		i.metrics.gcActions.WithLabelValues("leaked_eni").Inc()
+		i.log.Info("deleted a leaked unattached ENI", "eni", e.ID, "name", e.Name)
+	}
 }
 
 // nodeGone confirms with the API server that a node no longer exists.

@@ -92,8 +92,16 @@ func (i *IPAM) CollectGarbage(ctx context.Context) {
 // gcListPage bounds how many weps a GC pass holds at a time.
 const gcListPage = 500
 
-// collectServedWEP frees what a wep of a served node no longer needs.
+// collectServedWEP frees what a wep of a served node no longer needs, as
+// in-flight work of the node (acquireWork): skipped once the node is no
+// longer served here, waited for (its cloud call cut off) by
+// StopServingNode, and its cloud calls fenced by the node's permission.
 func (i *IPAM) collectServedWEP(ctx context.Context, w *cce.WorkloadEndpoint) {
+	ctx, _, done, ok := i.acquireWork(ctx, w.Spec.Node)
+	if !ok {
+		return
+	}
+	defer done()
 	if i.mayAct(w.Spec.Node) != nil {
 		return
 	}
@@ -240,40 +248,13 @@ func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datast
 	seen := map[netip.Addr]bool{}
 	var oldest time.Duration
 	for nodeName := range nodes {
-		if i.mayAct(nodeName) != nil {
+		// Per node, as in-flight work of the node (see collectServedWEP).
+		ctx, _, done, ok := i.acquireWork(ctx, nodeName)
+		if !ok {
 			continue
 		}
-		snap, err := i.store.Snapshot(nodeName)
-		if err != nil {
-			continue
-		}
-		for _, e := range snap.ENIs {
-			for _, ip := range e.IPs {
-				if ip.State != datastore.StateAssigned || named[ip.Addr] == ip.Owner.Pod() {
-					continue
-				}
-				if i.wepNames(ctx, ip) {
-					continue
-				}
-				seen[ip.Addr] = true
-				first, ok := i.leakSuspects[ip.Addr]
-				if !ok {
-					i.leakSuspects[ip.Addr] = now
-					continue
-				}
-				if age := now.Sub(first); age < i.cfg.LeakGrace {
-					oldest = max(oldest, age)
-					continue
-				}
-				if _, err := i.store.Release(nodeName, ip.Addr, ip.Owner.ContainerID, now); err == nil {
-					delete(i.leakSuspects, ip.Addr)
-					delete(seen, ip.Addr)
-					i.metrics.gcActions.WithLabelValues(gcLeakedIP).Inc()
-					i.nodeEvent(nodeName, "ReclaimedLeakedIP", "reclaimed %s, assigned to %s without a WorkloadEndpoint for %s", ip.Addr, ip.Owner, i.cfg.LeakGrace)
-					i.log.Info("gc: reclaimed a leaked IP", "node", nodeName, "ip", ip.Addr, "owner", ip.Owner.String())
-				}
-			}
-		}
+		oldest = max(oldest, i.collectLeakedIPsOf(ctx, nodeName, named, now, seen))
+		done()
 	}
 	for a := range i.leakSuspects {
 		if !seen[a] {
@@ -282,6 +263,47 @@ func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datast
 	}
 	i.metrics.leakSuspects.Set(float64(len(i.leakSuspects)))
 	i.metrics.leakOldest.Set(oldest.Seconds())
+}
+
+// collectLeakedIPsOf is collectLeakedIPs for one node; it returns the age of
+// its oldest suspect still in its grace period.
+func (i *IPAM) collectLeakedIPsOf(ctx context.Context, nodeName string, named map[netip.Addr]datastore.PodKey, now time.Time,
+	seen map[netip.Addr]bool) (oldest time.Duration) {
+	if i.mayAct(nodeName) != nil {
+		return 0
+	}
+	snap, err := i.store.Snapshot(nodeName)
+	if err != nil {
+		return 0
+	}
+	for _, e := range snap.ENIs {
+		for _, ip := range e.IPs {
+			if ip.State != datastore.StateAssigned || named[ip.Addr] == ip.Owner.Pod() {
+				continue
+			}
+			if i.wepNames(ctx, ip) {
+				continue
+			}
+			seen[ip.Addr] = true
+			first, ok := i.leakSuspects[ip.Addr]
+			if !ok {
+				i.leakSuspects[ip.Addr] = now
+				continue
+			}
+			if age := now.Sub(first); age < i.cfg.LeakGrace {
+				oldest = max(oldest, age)
+				continue
+			}
+			if _, err := i.store.Release(nodeName, ip.Addr, ip.Owner.ContainerID, now); err == nil {
+				delete(i.leakSuspects, ip.Addr)
+				delete(seen, ip.Addr)
+				i.metrics.gcActions.WithLabelValues(gcLeakedIP).Inc()
+				i.nodeEvent(nodeName, "ReclaimedLeakedIP", "reclaimed %s, assigned to %s without a WorkloadEndpoint for %s", ip.Addr, ip.Owner, i.cfg.LeakGrace)
+				i.log.Info("gc: reclaimed a leaked IP", "node", nodeName, "ip", ip.Addr, "owner", ip.Owner.String())
+			}
+		}
+	}
+	return oldest
 }
 
 // collectLeakedIPPools deletes the IPPools the node agent wrote (creation

@@ -31,8 +31,10 @@ type node struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 	stopping chan struct{}  // closed by stop: waiting allocations give up
-	inflight sync.WaitGroup // CNI calls on the node (see IPAM.acquire)
+	inflight sync.WaitGroup // CNI calls, GC and ENI-sync work on the node (IPAM.acquire, acquireWork)
 	stopOnce sync.Once
+	life     context.Context // ended by stop: acquireWork's contexts end with it
+	endLife  context.CancelFunc
 
 	mu       sync.Mutex
 	missing  map[string]int          // ENI ID → syncs in a row that did not see it
@@ -49,7 +51,10 @@ type node struct {
 }
 
 func newNode(name, instanceID string, capacity pool.Capacity) *node {
+	life, endLife := context.WithCancel(context.Background())
 	return &node{
+		life:       life,
+		endLife:    endLife,
 		name:       name,
 		instanceID: instanceID,
 		capacity:   capacity,
@@ -72,6 +77,7 @@ func (n *node) poke() {
 
 func (n *node) stop() {
 	n.stopOnce.Do(func() { close(n.stopping) })
+	n.endLife()
 	if n.cancel != nil {
 		n.cancel()
 	}

@@ -24,6 +24,9 @@ import (
 // this node's pool, so nodes grow in parallel and one node never races
 // itself. The decisions are package pool's plans; this only carries them out.
 func (i *IPAM) poolWorker(ctx context.Context, n *node) {
+	// Every cloud call of the worker is made for the node: it carries the
+	// node's permission (see cloudfence.go).
+	ctx = i.forNode(ctx, n.name)
 	tick := i.deps.Clock.NewTicker(i.cfg.PoolCheckPeriod)
 	defer tick.Stop()
 	unsettled := unsettledTrims{}

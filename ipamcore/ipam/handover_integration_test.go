@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
@@ -178,4 +180,55 @@ func TestIPAM_SyncReconcilesEachAddress(t *testing.T) {
 		return snapTotal == len(e.cloudIPs()[e.instance[node]])
 	})
 	e.checkNoLeak()
+}
+
+// Finding 4 of issue #19, its second half: a "ghost" wep (a write that
+// should never have landed, e.g. a fenced replica's late create) names an
+// address the pool holds idle. GC must hold the address out of the pool
+// while the wep names it, say so, and give it back once the wep is gone.
+func TestIPAM_GhostWEPHoldsItsAddress(t *testing.T) {
+	e := newEnv(t, "ghost", 1, ipam.Config{IdleMin: 4, IdleMax: 8, PoolCheckPeriod: 200 * time.Millisecond})
+	node := e.nodes[0]
+	eventually(t, 15*time.Second, "the pool filled and settled", func() bool { return e.stats(node).Idle >= 4 })
+	real := e.createPods("real", 1)[0]
+	r, err := e.allocate(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ghostIP string
+	for ip := range e.cloudIPs()[e.instance[node]] {
+		if ip != r.IP {
+			ghostIP = ip
+			break
+		}
+	}
+	tmpl, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, real.name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A live pod whose ADD a replica that lost the node committed late.
+	ghostPod := e.createPods("ghost", 1)[0]
+	ghost := tmpl.DeepCopy()
+	ghost.ObjectMeta = metav1.ObjectMeta{Name: ghostPod.name, Namespace: e.ns}
+	ghost.Spec.IP, ghost.Spec.ContainerID = ghostIP, "ghost-sandbox"
+	if _, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Create(e.ctx, ghost, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.ipam.CollectGarbage(e.ctx)
+	grants := e.allocateTimed(e.createPods("b", e.stats(node).Idle+1))
+	for _, g := range grants {
+		if g.ip == ghostIP {
+			t.Errorf("pod %s was given %s, which the ghost wep names", g.pod, g.ip)
+		}
+	}
+	if got := e.gauge("cce_ipam_ghost_weps_total", "kind", "idle_held"); got != 1 {
+		t.Errorf("cce_ipam_ghost_weps_total{kind=idle_held} = %v, want 1", got)
+	}
+	if err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Delete(e.ctx, ghostPod.name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.ipam.CollectGarbage(e.ctx)
+	if st := e.stats(node); st.Held != 0 {
+		t.Errorf("after the ghost wep went, %d addresses are still held", st.Held)
+	}
 }

@@ -89,6 +89,7 @@ type IPAM struct {
 
 	gcMu         sync.Mutex
 	leakSuspects map[netip.Addr]time.Time // first seen assigned without a wep
+	ghostHeld    map[netip.Addr]string    // address → node, held for a ghost wep (ghost.go); under gcMu
 
 	broadcaster record.EventBroadcaster
 	events      record.EventRecorder

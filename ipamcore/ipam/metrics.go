@@ -26,6 +26,7 @@ type metrics struct {
 	leakOldest   prometheus.Gauge
 	fenced       prometheus.Counter
 	reconciled   *prometheus.CounterVec
+	ghostWEPs    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -61,6 +62,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 				"listed), gone (held or idle, then missing from two reads), adopted (listed twice, unknown to the " +
 				"datastore), assigned_missing (a pod's address the cloud does not list).",
 		}, []string{"outcome"}),
+		ghostWEPs: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "cce_ipam_ghost_weps_total",
+			Help: "WorkloadEndpoints of served nodes naming an address the datastore holds idle (held out of the pool: " +
+				"idle_held) or gives another pod (claimed_twice).",
+		}, []string{"kind"}),
 		gcDuration: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "cce_ipam_gc_duration_seconds", Help: "Duration of one garbage-collection pass.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -268,7 +270,29 @@ func (r *Replica) Stop() error {
 	if err != nil {
 		return err
 	}
-	return p.signal(syscall.SIGSTOP)
+	if err := p.signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	// kill(2) returns before the process has stopped: a goroutine already on
+	// a CPU may still answer a request. Return once the kernel says stopped.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if stoppedState(p.pid()) {
+			return nil
+		}
+	}
+	return fmt.Errorf("replica %d (pid %d) did not stop within 2s of SIGSTOP", r.index, p.pid())
+}
+
+// stoppedState reports whether /proc says the process is stopped (T).
+func stoppedState(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces, so read after the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && (s[i+2] == 'T' || s[i+2] == 't')
 }
 
 // Cont resumes a stopped process (SIGCONT).

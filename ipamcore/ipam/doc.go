@@ -16,7 +16,12 @@
 // Who serves which node is decided outside (one replica serving everything,
 // or the shard layer): ServeNode builds one node's state from the cloud's
 // ENIs and a quorum read of its WorkloadEndpoints, StopServingNode drops it;
-// neither touches other nodes.
+// neither touches other nodes. Every cloud call made for a node carries the
+// node's permission (cloud.ForNode with Deps.Fence): the client asks it
+// before each HTTP attempt and ends the attempt at its deadline. GC and the
+// ENI sync work on a node as in-flight work of it, like a CNI call, so
+// StopServingNode waits for them (ending their contexts) and, once it has
+// returned, nothing more is sent for the node (cloudfence.go).
 //
 //	ip, _ := ipam.New(cfg, ipam.Deps{Kube: kc, CCE: cc, Cloud: provider}, logger, reg)
 //	go ip.Run(ctx)                     // informers + pool workers

@@ -81,7 +81,7 @@ func (i *IPAM) takeFixedIP(ctx context.Context, n *node, owner datastore.Owner) 
 		if e.SubnetID != subnet {
 			continue
 		}
-		added, err := i.deps.Cloud.BatchAddPrivateIPs(ctx, e.ID, cloud.BatchAddRequest{IPs: []string{addr.String()}})
+		added, err := i.deps.Cloud.BatchAddPrivateIPs(i.forNode(ctx, n.name), e.ID, cloud.BatchAddRequest{IPs: []string{addr.String()}})
 		if err != nil {
 			i.log.Info("could not re-add a fixed IP on this ENI", "ip", addr, "eni", e.ID, "err", err)
 			if errors.Is(err, cloud.ErrPrivateIPInUse) {
@@ -95,7 +95,7 @@ func (i *IPAM) takeFixedIP(ctx context.Context, n *node, owner datastore.Owner) 
 		info, err := i.store.AddAssignedIP(n.name, e.ID, addr, owner, i.deps.Clock.Now())
 		if err != nil {
 			// Recorded nowhere: give it back so it cannot leak.
-			_ = i.deps.Cloud.DeletePrivateIP(ctx, e.ID, addr.String())
+			_ = i.deps.Cloud.DeletePrivateIP(i.forNode(ctx, n.name), e.ID, addr.String())
 			return datastore.IPInfo{}, subnet, false, err
 		}
 		return info, subnet, true, nil
@@ -123,7 +123,7 @@ func (i *IPAM) freeOnOldNode(ctx context.Context, oldNode string, owner datastor
 	if !i.nodeGone(ctx, oldNode) {
 		return fmt.Errorf("%w: %s (the fixed IP's old node)", ErrNodeNotServed, oldNode)
 	}
-	err := i.deps.Cloud.DeletePrivateIP(ctx, eniID, addr.String())
+	err := i.deps.Cloud.DeletePrivateIP(i.forNode(ctx, oldNode), eniID, addr.String())
 	if err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) && !errors.Is(err, cloud.ErrENINotFound) {
 		return err
 	}
@@ -161,7 +161,7 @@ func (i *IPAM) FreeMovedIP(ctx context.Context, node, namespace, name string, ad
 	default:
 		return err
 	}
-	err = i.deps.Cloud.DeletePrivateIP(ctx, eniID, addr.String())
+	err = i.deps.Cloud.DeletePrivateIP(i.forNode(ctx, n.name), eniID, addr.String())
 	if err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) && !errors.Is(err, cloud.ErrENINotFound) {
 		// Still held: the ENI sync settles it, and the pod's retried ADD
 		// tries the move again.

@@ -371,9 +371,10 @@ func (i *IPAM) serveRebuilt(ctx, runCtx context.Context, name string, byInstance
 	return nil
 }
 
-// StopServingNode stops taking calls for the node, waits for the calls in
-// flight and the pool worker, and drops the node's state. Other nodes are
-// untouched. Stopping an unserved node is a no-op. After it returns this
+// StopServingNode stops taking calls for the node, waits for the work in
+// flight on it (CNI calls, GC and the ENI sync's work for it, whose contexts
+// it ends: see acquireWork) and the pool worker, and drops the node's state.
+// Other nodes are untouched. Stopping an unserved node is a no-op. After it returns this
 // replica writes nothing more for the node, so another may take it over.
 func (i *IPAM) StopServingNode(name string) {
 	i.mu.Lock()

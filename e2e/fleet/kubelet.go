@@ -54,7 +54,11 @@ func (f *Fleet) startKubelet() error {
 			return err
 		}
 		f.kubeletLogOut = out
-		f.kubeletLog = slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		level := slog.LevelInfo
+		if f.opts.KubeletDebug {
+			level = slog.LevelDebug
+		}
+		f.kubeletLog = slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
 	}
 	if len(f.CNIAddrs()) == 0 {
 		return errors.New("fleet: no replica to send CNI calls to")

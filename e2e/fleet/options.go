@@ -88,6 +88,10 @@ type Options struct {
 	ReplicaArgs     []string
 	ReplicaArgsFunc func(index int) []string
 
+	// KubeletDebug logs every CNI ADD and DEL of the kubelet simulator (pod,
+	// container, node, IP) to kubelet-sim.log.
+	KubeletDebug bool
+
 	// NoKubelet starts no kubelet simulator (and registers no nodes).
 	NoKubelet bool
 	// Kubelet overrides the simulator's config; the fleet fills in the

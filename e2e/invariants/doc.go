@@ -2,7 +2,9 @@
 // reads pods, WorkloadEndpoints, nodes and the cloud's ENIs and reports every
 // broken invariant as a structured Violation.
 //
-//   - (a) DuplicateIP: no two live pods share an IP (I3);
+//   - (a) DuplicateIP: no two live pods share an IP (I3); a terminating
+//     pod whose WorkloadEndpoint is gone (its CNI DEL was applied) no
+//     longer holds one;
 //   - (b) MissingWEP, WEPMismatch, IPNotOnNode: each Running pod's IP is its
 //     WorkloadEndpoint's and sits on an in-use ENI of its node's instance;
 //   - (c) OrphanWEP: no WorkloadEndpoint outlives its pod by more than a

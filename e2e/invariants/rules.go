@@ -117,13 +117,20 @@ func (r *rules) evaluate(s snapshot) Violations {
 		}
 	}
 
-	// (a) no two live pods share an IP.
+	// (a) no two live pods share an IP. A terminating pod holds its IP
+	// only while its wep still names it: once the wep is gone (or names
+	// another IP) its sandbox was torn down (CNI DEL) and the IPAM may give
+	// the address out again, though the pod object, waiting for its
+	// kubelet to remove it, still shows the IP in its status.
 	holders := map[string][]string{}
 	for k, p := range pods {
 		if !live(p) {
 			continue
 		}
 		for _, ip := range podIPs(p) {
+			if w := weps[k]; p.DeletionTimestamp != nil && (w == nil || canon(w.Spec.IP) != canon(ip)) {
+				continue
+			}
 			holders[canon(ip)] = append(holders[canon(ip)], k)
 		}
 	}

@@ -67,6 +67,19 @@ func TestRules_Evaluate(t *testing.T) {
 		{"duplicate across nodes, by PodIPs only", Config{}, func(s *snapshot) {
 			s.pods[2].Status.PodIPs = append(s.pods[2].Status.PodIPs, corev1.PodIP{IP: "10.0.0.2"})
 		}, []string{"DuplicateIP pods=ns/b,ns/c ip=10.0.0.2"}},
+		{"a terminating pod whose wep is gone holds no IP", Config{}, func(s *snapshot) {
+			now := metav1.Now()
+			s.pods[0].DeletionTimestamp = &now // torn down: its wep released
+			s.weps = s.weps[1:]
+			s.pods[1].Status.PodIP, s.pods[1].Status.PodIPs = "10.0.0.1", nil // given out again
+			s.weps[0].Spec.IP = "10.0.0.1"
+			s.enis[0].IPs = []string{"10.0.0.1", "10.0.0.3"}
+		}, nil},
+		{"a terminating pod whose wep remains still holds its IP", Config{}, func(s *snapshot) {
+			now := metav1.Now()
+			s.pods[0].DeletionTimestamp = &now
+			s.pods[1].Status.PodIP, s.pods[1].Status.PodIPs = "10.0.0.1", nil
+		}, []string{"DuplicateIP pods=ns/a,ns/b ip=10.0.0.1", "WEPMismatch node=n1 pods=ns/b"}},
 		{"finished and host-network pods hold no IP", Config{}, func(s *snapshot) {
 			s.pods = append(s.pods, pod("done", "n1", "10.0.0.1", corev1.PodSucceeded), pod("host", "n1", "10.0.0.2", corev1.PodRunning))
 			s.pods[len(s.pods)-1].Spec.HostNetwork = true

@@ -286,11 +286,13 @@ func (s *Simulator) allocate(ctx context.Context, rt *runState, namespace, name,
 		err = errors.New("AllocateIP succeeded without an IP")
 	}
 	if err != nil {
+		s.log.Debug("CNI ADD failed", "pod", namespace+"/"+name, "container", containerID, "node", node, "duration", d, "err", err)
 		s.counts.allocErrors.Add(1)
 		s.counts.failed(&s.counts.lastAllocErr, err)
 		s.metrics.calls.WithLabelValues("AllocateIP", "error").Inc()
 		return "", err
 	}
+	s.log.Debug("CNI ADD", "pod", namespace+"/"+name, "container", containerID, "node", node, "ip", reply.GetENIMultiIP().GetIP(), "duration", d)
 	s.counts.allocs.Add(1)
 	s.counts.allocLatency.add(d)
 	s.metrics.calls.WithLabelValues("AllocateIP", "ok").Inc()
@@ -310,11 +312,13 @@ func (s *Simulator) release(ctx context.Context, rt *runState, namespace, name, 
 		err = errors.New(reply.ErrMsg)
 	}
 	if err != nil {
+		s.log.Debug("CNI DEL failed", "pod", namespace+"/"+name, "container", containerID, "err", err)
 		s.counts.releaseErrors.Add(1)
 		s.counts.failed(&s.counts.lastRelErr, err)
 		s.metrics.calls.WithLabelValues("ReleaseIP", "error").Inc()
 		return err
 	}
+	s.log.Debug("CNI DEL", "pod", namespace+"/"+name, "container", containerID)
 	s.counts.releases.Add(1)
 	s.metrics.calls.WithLabelValues("ReleaseIP", "ok").Inc()
 	return nil

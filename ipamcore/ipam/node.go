@@ -44,10 +44,13 @@ type node struct {
 	lastErr  error                   // the pool's last cloud error
 	planNote string                  // what the planner needs but cannot do
 
-	drift      ipDrift       // per-address disagreements with the cloud (reconcile.go)
-	eniBackoff time.Duration // after a failed ENI creation
-	eniRetryAt time.Time
-	returns    map[string][]netip.Addr
+	drift ipDrift // per-address disagreements with the cloud (reconcile.go)
+	// takenOverUntil: until then the addresses the takeover found wait for
+	// their settling read and cooling, and waiting pods get fresh ones.
+	takenOverUntil time.Time
+	eniBackoff     time.Duration // after a failed ENI creation
+	eniRetryAt     time.Time
+	returns        map[string][]netip.Addr
 }
 
 func newNode(name, instanceID string, capacity pool.Capacity) *node {
@@ -182,7 +185,9 @@ func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][
 	for _, c := range report.Conflicts {
 		i.log.Warn("conflict while rebuilding node; address held out of the pool", "node", name, "conflict", c.String())
 	}
-	return newNode(name, instanceID, capacity), nil
+	n := newNode(name, instanceID, capacity)
+	n.takenOverUntil = start.Add(max(i.cfg.ReadLag, i.cfg.Cooldown))
+	return n, nil
 }
 
 // nodeClaims is a quorum read (no resourceVersion) of one node's weps,

@@ -122,6 +122,9 @@ func (i *IPAM) poolState(n *node) (pool.NodeState, bool) {
 	}
 	st := pool.StateFromSnapshot(snap, i.exhaustedSubnets())
 	st.Waiting = n.waiters()
+	if now := i.deps.Clock.Now(); st.Waiting > 0 && now.Before(n.takenOverUntil) {
+		st = pool.UsableNow(st, snap, now)
+	}
 	return st, true
 }
 

@@ -372,3 +372,41 @@ func TestStateFromSnapshot_UnsettledCountsAsIdleNotTrimmable(t *testing.T) {
 		t.Fatalf("grow plan = %+v, want nothing while the unsettled addresses await their read", p)
 	}
 }
+
+// UsableNow counts only what an allocation could take now: a node just taken
+// over grows for its waiting pods instead of waiting for cooling and settling.
+func TestUsableNow_CountsOnlyReadyIdle(t *testing.T) {
+	s, err := datastore.New(datastore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 10.0.0.10 and .11 cool from t0 (a takeover), .12 is unsettled.
+	_, err = s.Restore("n", datastore.RestoreInput{CoolFrom: t0, ENIs: []datastore.RestoreENI{{
+		ENI: datastore.ENI{ID: "a", SubnetID: "s1", PrimaryIP: netip.MustParseAddr("10.0.0.1"), Capacity: 8},
+		IPs: []netip.Addr{netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("10.0.0.11")},
+	}}}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.Snapshot("n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := StateFromSnapshot(snap, nil)
+	st.Waiting = 1
+	cfg := Config{MinIdle: 2, MaxIdle: 4, Batch: 1, TrimBatch: 10}
+	if p := PlanGrow(cfg, Capacity{MaxIPsPerENI: 8}, st, nil, t0); p.Need != 1 {
+		t.Fatalf("plain plan = %+v, want 1 (for the waiting pod beyond the 2 cooling)", p)
+	}
+	now := t0.Add(time.Second)
+	u := UsableNow(st, snap, now)
+	if u.Idle() != 0 || st.Idle() != 2 || len(u.IdleIPs) != 2 {
+		t.Fatalf("usable = %+v (idle %d), want 0 usable of 2 cooling, the trim candidates kept", u, u.Idle())
+	}
+	if p := PlanGrow(cfg, Capacity{MaxIPsPerENI: 8}, u, nil, now); p.Need != 3 {
+		t.Fatalf("plan while cooling = %+v, want 3 (min 2 + 1 waiting)", p)
+	}
+	if later := UsableNow(st, snap, t0.Add(datastore.DefaultCooldown)); later.Idle() != 2 {
+		t.Fatalf("after the cooling, usable = %d, want 2", later.Idle())
+	}
+}

@@ -81,3 +81,26 @@ func StateFromSnapshot(snap datastore.NodeSnapshot, exhausted map[string]bool) N
 	}
 	return st
 }
+
+// UsableNow lowers each ENI's idle count to the addresses an allocation could
+// take at now: neither cooling nor held unsettled. A node just taken over
+// plans with it while allocations wait, so that they get fresh addresses
+// (proved by the add's reply) instead of waiting for the takeover's settling
+// read and cooling; the surplus is trimmed later like any other.
+func UsableNow(st NodeState, snap datastore.NodeSnapshot, now time.Time) NodeState {
+	usable := map[string]int{}
+	for _, es := range snap.ENIs {
+		for _, ip := range es.IPs {
+			if ip.State == datastore.StateIdle && !ip.ReadyAt.After(now) {
+				usable[es.ENI.ID]++
+			}
+		}
+	}
+	out := st
+	out.ENIs = make([]ENIState, len(st.ENIs))
+	for k, e := range st.ENIs {
+		e.Idle = usable[e.ID]
+		out.ENIs[k] = e
+	}
+	return out
+}

@@ -122,7 +122,11 @@ func TestChaos(t *testing.T) {
 	defer cancel()
 	// NetNS: every replica in its own network namespace, so one can be cut
 	// off from its peers.
-	f := env.Fleet(t, fleet.Options{Name: "chaos", Replicas: 3, Nodes: 8, NetNS: true,
+	// E2E_CHAOS_DIR keeps the logs (replicas, bce-sim, kubelet-sim with
+	// every CNI ADD and DEL) after the test; E2E_CHAOS_LOG_LEVEL=debug
+	// makes the replicas log every CNI call they serve.
+	f := env.Fleet(t, fleet.Options{Name: "chaos", Replicas: 3, Nodes: 8, NetNS: true, KubeletDebug: true,
+		Dir: os.Getenv("E2E_CHAOS_DIR"), LogLevel: os.Getenv("E2E_CHAOS_LOG_LEVEL"),
 		ReplicaArgs: []string{"--gc-period", gcPeriod.String(), "--cloud-read-lag", cloudReadLag.String()}})
 	if !f.Sharded() {
 		t.Fatal("cce-ipam has no sharding flags; the chaos suite needs issue #5")
@@ -191,7 +195,8 @@ func TestChaos(t *testing.T) {
 				checkErrs++ // e.g. kube-apiserver restarting
 			}
 			for _, v := range vs {
-				t.Errorf("violation during chaos: %s", v)
+				t.Errorf("violation during chaos at %s: %s", time.Now().UTC().Format("15:04:05.000"), v)
+				explain(checkCtx, t, f, v)
 				violations = append(violations, v)
 			}
 			vmu.Unlock()
@@ -553,6 +558,9 @@ func TestChaos(t *testing.T) {
 	final, err = endChk.WaitClean(wctx, 2*time.Second)
 	if err != nil {
 		t.Errorf("invariants after chaos did not settle: %v\n%s", err, final)
+		for _, v := range final {
+			explain(ctx, t, f, v)
+		}
 	}
 	logPools(ctx, t, f)
 	if err := f.SimCheck(ctx); err != nil {
@@ -600,4 +608,60 @@ func logPools(ctx context.Context, t *testing.T, f *fleet.Fleet) {
 		parts = append(parts, fmt.Sprintf("%s@r%d assigned %d/weps %d idle %d held %d", n, owner, pc.Assigned, named[n], pc.Idle, pc.Held))
 	}
 	t.Logf("pools at the end (owner's datastore vs WorkloadEndpoints): %s", strings.Join(parts, "; "))
+}
+
+// explain logs what the cluster and the cloud say now about the objects a
+// violation names: each pod (node, phase, IP, sandbox, deletion), its
+// WorkloadEndpoint, its node's owner, and the ENI holding the address.
+func explain(ctx context.Context, t *testing.T, f *fleet.Fleet, v invariants.Violation) {
+	names := append([]string(nil), v.Pods...)
+	if v.WEP != "" {
+		names = append(names, strings.Split(v.WEP, ",")...)
+	}
+	seen := map[string]bool{}
+	for _, k := range names {
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		ns, name, _ := strings.Cut(k, "/")
+		var line strings.Builder
+		fmt.Fprintf(&line, "evidence %s:", k)
+		if p, err := f.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			fmt.Fprintf(&line, " pod: %v;", err)
+		} else {
+			sandbox := ""
+			if len(p.Status.ContainerStatuses) > 0 {
+				sandbox = p.Status.ContainerStatuses[0].ContainerID
+			}
+			owner, _ := f.NodeOwner(ctx, p.Spec.NodeName)
+			fmt.Fprintf(&line, " pod uid=%s created=%s node=%s (owner r%d) phase=%s ip=%s sandbox=%s deleting=%v;",
+				p.UID, p.CreationTimestamp.UTC().Format("15:04:05"), p.Spec.NodeName, owner, p.Status.Phase, p.Status.PodIP, sandbox,
+				p.DeletionTimestamp != nil)
+		}
+		if w, err := f.CCE.CceV1alpha1().WorkloadEndpoints(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			fmt.Fprintf(&line, " wep: %v", err)
+		} else {
+			fmt.Fprintf(&line, " wep ip=%s node=%s eni=%s container=%s type=%s created=%s", w.Spec.IP, w.Spec.Node, w.Spec.ENIID,
+				w.Spec.ContainerID, w.Spec.Type, w.CreationTimestamp.UTC().Format("15:04:05"))
+		}
+		t.Log(line.String())
+	}
+	if v.IP == "" {
+		return
+	}
+	world, err := f.SimWorld(ctx)
+	if err != nil {
+		t.Logf("evidence %s: bce-sim world: %v", v.IP, err)
+		return
+	}
+	var where []string
+	for _, e := range world.ENIs {
+		for _, ip := range e.PrivateIPSet {
+			if ip.PrivateIPAddress == v.IP {
+				where = append(where, fmt.Sprintf("%s (%s, instance %s, %s)", e.ENIID, e.Name, e.InstanceID, e.Status))
+			}
+		}
+	}
+	t.Logf("evidence %s: in bce-sim now on %v", v.IP, where)
 }

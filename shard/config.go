@@ -49,6 +49,16 @@ type Config struct {
 	// rate to busy ones (never the per-operation limits, which stay split
 	// evenly). Off: an even split.
 	BudgetFollowDemand bool
+	// FencingPolicy names the ValidatingAdmissionPolicy (and its binding)
+	// that makes the API server refuse wep writes under a stale claim. A
+	// replica checks that both exist, reports it (metric, /shard/status),
+	// and after a takeover waits until the policy refuses the old holder's
+	// token. Empty: not checked, no such wait.
+	FencingPolicy string
+	// RequireFencingPolicy holds back every claim (and readiness) while the
+	// fencing policy is missing. Off: the replica serves, fenced by its own
+	// clock only, and says so loudly.
+	RequireFencingPolicy bool
 }
 
 // RegisterFlags binds the config to --shard-* flags (and --namespace).
@@ -64,6 +74,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ForwardKeyFile, "shard-forward-key-file", "", "file with the base64 key authenticating calls forwarded between replicas (default: the gossip key file)")
 	fs.DurationVar(&c.LeaveTimeout, "shard-leave-timeout", d.LeaveTimeout, "how long a graceful shutdown waits to hand its nodes over")
 	fs.DurationVar(&c.ColdStartSettle, "shard-cold-start-settle", 2*time.Second, "at a cold start (no live replica holds any nodes), wait until the set of replicas has been stable for this long before claiming, so replicas started together split the nodes once (0: claim at once)")
+	fs.StringVar(&c.FencingPolicy, "shard-fencing-policy", "cce-ipam-wep-fencing", "name of the ValidatingAdmissionPolicy and binding that fence wep writes in the API server (\"\": do not check)")
+	fs.BoolVar(&c.RequireFencingPolicy, "shard-require-fencing-policy", false, "claim no partition while the fencing policy is missing (default: serve, fenced by this replica's clock only, and report it)")
 	fs.BoolVar(&c.BudgetFollowDemand, "shard-budget-follow-demand", false, "let idle replicas lend their share of --bce-rate to busy ones (experimental; default: an even split)")
 }
 

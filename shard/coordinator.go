@@ -25,6 +25,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
 )
 
 // NodeServer is what the Coordinator drives: the IPAM of the nodes this
@@ -94,6 +96,10 @@ type Coordinator struct {
 	settleSince     time.Time
 	holdReason      string // why claims are held back ("" when they are not)
 	balance         balanceState
+	fenceProbe      func(context.Context, ipam.FenceToken) (bool, error)
+	policyPresent   bool   // the fencing policy and its binding exist
+	policyDetail    string // why not
+	policyChecked   bool
 }
 
 // balanceState is what this replica knows of the balance Lease, and the
@@ -154,6 +160,10 @@ type Deps struct {
 	// partitions from us. Nil: Leases alone.
 	Gossip func() []string
 	Clock  clock.WithTicker
+	// FenceProbe asks the API server, with a dry-run wep write under tok,
+	// whether the fencing policy refuses tok (ipam.IPAM.ProbeFence). Nil:
+	// a takeover does not wait for the policy to catch up.
+	FenceProbe func(ctx context.Context, tok ipam.FenceToken) (refused bool, err error)
 }
 
 // RateSetter is the cloud client's rate limit (cloud.Client implements it).
@@ -196,6 +206,7 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 		releasing:    map[int]bool{},
 		readyReason:  "not started",
 		startedAt:    deps.Clock.Now(),
+		fenceProbe:   deps.FenceProbe,
 	}
 	c.budget = newBudget(c, deps.Budget, deps.GlobalRate, deps.GlobalBurst)
 	c.leaseInformers = informers.NewSharedInformerFactoryWithOptions(deps.Kube, 0,
@@ -254,8 +265,17 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	// The loop outlives ctx by the graceful leave.
 	loopCtx, stopLoop := context.WithCancel(context.Background())
 	defer stopLoop()
+	if c.cfg.FencingPolicy != "" {
+		c.checkPolicy(ctx) // before the first claim
+	}
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		if c.cfg.FencingPolicy != "" {
+			c.policyLoop(loopCtx)
+		}
+	}()
 	go func() { defer wg.Done(); c.renewLoop(loopCtx) }()
 	go func() { defer wg.Done(); c.budget.loop(loopCtx) }()
 
@@ -473,6 +493,9 @@ func (c *Coordinator) holdClaimsLocked(now time.Time, live []string, claims []Cl
 	if !c.budget.held() {
 		return "waiting for a share of the BCE budget"
 	}
+	if c.cfg.RequireFencingPolicy && !c.policyPresent {
+		return "fencing policy missing (--shard-require-fencing-policy): " + c.policyDetail
+	}
 	if c.cfg.ColdStartSettle <= 0 {
 		return ""
 	}
@@ -520,7 +543,8 @@ func (c *Coordinator) readLeases(leases []*coordv1.Lease) (claims []Claim, prese
 			}
 		case kindPartition:
 			if p, ok := partitionFromLease(l.Name); ok && p < len(claims) {
-				claims[p] = Claim{Holder: ptr.Deref(l.Spec.HolderIdentity, ""), Version: l.ResourceVersion}
+				claims[p] = Claim{Holder: ptr.Deref(l.Spec.HolderIdentity, ""), Version: l.ResourceVersion,
+					Epoch: int64(ptr.Deref(l.Spec.LeaseTransitions, 0))}
 			}
 		case kindBudget:
 			budgetLease = l
@@ -681,7 +705,7 @@ func (c *Coordinator) claimIO(ctx context.Context, p int, claim Claim) (bool, Cl
 	if claim.Version == "" {
 		l, err := client.Create(ctx, &coordv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: PartitionLeaseName(p), Labels: map[string]string{labelKind: kindPartition}},
-			Spec:       coordv1.LeaseSpec{HolderIdentity: ptr.To(c.self), AcquireTime: &now},
+			Spec:       coordv1.LeaseSpec{HolderIdentity: ptr.To(c.self), AcquireTime: &now, LeaseTransitions: ptr.To(int32(1))},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			if !apierrors.IsAlreadyExists(err) {
@@ -689,12 +713,15 @@ func (c *Coordinator) claimIO(ctx context.Context, p int, claim Claim) (bool, Cl
 			}
 			return false, Claim{}, ""
 		}
-		return true, Claim{Holder: c.self, Version: l.ResourceVersion}, reason
+		return true, Claim{Holder: c.self, Version: l.ResourceVersion, Epoch: 1}, reason
 	}
+	// Every claim CAS moves the epoch on, a reclaim of our own claim after
+	// a lapse too: writes sent under the old token are refused from here on.
+	epoch := claim.Epoch + 1
 	l := &coordv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: PartitionLeaseName(p), ResourceVersion: claim.Version,
 			Labels: map[string]string{labelKind: kindPartition}},
-		Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(c.self), AcquireTime: &now},
+		Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(c.self), AcquireTime: &now, LeaseTransitions: ptr.To(int32(epoch))},
 	}
 	l, err := client.Update(ctx, l, metav1.UpdateOptions{})
 	if err != nil {
@@ -703,24 +730,44 @@ func (c *Coordinator) claimIO(ctx context.Context, p int, claim Claim) (bool, Cl
 		}
 		return false, Claim{}, ""
 	}
-	return true, Claim{Holder: c.self, Version: l.ResourceVersion}, reason
+	if claim.Holder != "" {
+		// The old holder may still have writes in flight: serve only once
+		// the API server's fencing policy refuses its token.
+		c.awaitFence(ctx, p, claim)
+	}
+	return true, Claim{Holder: c.self, Version: l.ResourceVersion, Epoch: epoch}, reason
 }
 
 // release CASes a drained partition's claim to nobody; on a conflict it
 // re-reads and retries while the claim still names us.
 func (c *Coordinator) release(ctx context.Context, p int, version string) {
 	client := c.kube.CoordinationV1().Leases(c.cfg.Namespace)
+	// The epoch moves on with the release too (it never goes back, so a
+	// later claim by the same holder has a token of its own).
+	epoch, known := int64(0), false
+	c.mu.Lock()
+	if p < len(c.claims) && c.claims[p].Version == version {
+		epoch, known = c.claims[p].Epoch, true
+	}
+	c.mu.Unlock()
+	if !known {
+		cur, err := client.Get(ctx, PartitionLeaseName(p), metav1.GetOptions{})
+		if err != nil || ptr.Deref(cur.Spec.HolderIdentity, "") != c.self {
+			return
+		}
+		version, epoch = cur.ResourceVersion, int64(ptr.Deref(cur.Spec.LeaseTransitions, 0))
+	}
 	for attempt := 0; attempt < 5 && ctx.Err() == nil; attempt++ {
 		l := &coordv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: PartitionLeaseName(p), ResourceVersion: version,
 				Labels: map[string]string{labelKind: kindPartition}},
-			Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To("")},
+			Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(""), LeaseTransitions: ptr.To(int32(epoch + 1))},
 		}
 		out, err := client.Update(ctx, l, metav1.UpdateOptions{})
 		if err == nil {
 			c.results <- func() {
 				c.mu.Lock()
-				c.written[p] = writtenClaim{claim: Claim{Version: out.ResourceVersion}, replaced: version}
+				c.written[p] = writtenClaim{claim: Claim{Version: out.ResourceVersion, Epoch: epoch + 1}, replaced: version}
 				c.mu.Unlock()
 			}
 			c.metrics.handovers.WithLabelValues("released").Inc()
@@ -730,7 +777,7 @@ func (c *Coordinator) release(ctx context.Context, p int, version string) {
 		if gerr != nil || ptr.Deref(cur.Spec.HolderIdentity, "") != c.self {
 			return // gone or someone else's: nothing of ours to release
 		}
-		version = cur.ResourceVersion
+		version, epoch = cur.ResourceVersion, int64(ptr.Deref(cur.Spec.LeaseTransitions, 0))
 	}
 }
 

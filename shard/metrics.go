@@ -21,11 +21,22 @@ type metrics struct {
 	ownerWaits        *prometheus.CounterVec
 	forwardRejected   prometheus.Counter
 	balancePublished  prometheus.Counter
+	policyPresent     prometheus.Gauge
+	fenceCatchUp      prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
 	return &metrics{
+		policyPresent: f.NewGauge(prometheus.GaugeOpts{
+			Name: "cce_ipam_fencing_policy_present",
+			Help: "1 when the fencing ValidatingAdmissionPolicy and its binding exist (the API server refuses wep writes under a stale claim), else 0.",
+		}),
+		fenceCatchUp: f.NewHistogram(prometheus.HistogramOpts{
+			Name:    "cce_ipam_shard_fence_catchup_seconds",
+			Help:    "After a takeover's claim CAS, until the API server's fencing policy refused the old holder's token.",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+		}),
 		ownedNodes: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_shard_owned_nodes", Help: "Nodes this replica serves.",
 		}),

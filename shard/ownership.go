@@ -63,6 +63,10 @@ type Claim struct {
 	Holder string // "" when released
 	// Version is the object's resourceVersion: a CAS names it.
 	Version string
+	// Epoch is the claim's spec.leaseTransitions, incremented by every
+	// claim and release CAS: with Holder, the fencing token of the weps
+	// written under the claim.
+	Epoch int64
 }
 
 // View is what the driver observed, at Now.

@@ -110,11 +110,14 @@ func (r *Router) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, boo
 	if !ok {
 		return cni.Endpoint{}, false, nil // nothing to free anywhere
 	}
+	local := func(ctx context.Context) (cni.Endpoint, bool, error) { return r.local.Release(ctx, ref) }
 	if r.locator.NodeGone(ctx, node) {
-		return r.locator.ReleaseOnDeletedNode(ctx, ref)
+		// Nobody serves a deleted node, but its partition has a holder, and
+		// only the holder's writes carry the fencing token the API server
+		// accepts for the node's weps: the release goes there too.
+		local = func(ctx context.Context) (cni.Endpoint, bool, error) { return r.locator.ReleaseOnDeletedNode(ctx, ref) }
 	}
-	return r.route(ctx, methodRelease, node, ref,
-		func(ctx context.Context) (cni.Endpoint, bool, error) { return r.local.Release(ctx, ref) },
+	return r.route(ctx, methodRelease, node, ref, local,
 		func(ctx context.Context, c rpc.CNIBackendClient) (cni.Endpoint, bool, error) {
 			reply, err := c.ReleaseIP(ctx, &rpc.ReleaseIPRequest{
 				K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID,

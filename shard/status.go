@@ -26,6 +26,9 @@ type Status struct {
 	// Unowned counts partitions no live replica holds right now.
 	Unowned      int `json:"unownedPartitions"`
 	UnownedNodes int `json:"unownedNodes"`
+	// FencingPolicy is "ok" when the API server's fencing policy is in
+	// place, else why wep writes are fenced by this replica's clock only.
+	FencingPolicy string `json:"fencingPolicy"`
 }
 
 // MemberStatus is one replica as this one sees it.
@@ -67,6 +70,15 @@ func (c *Coordinator) Status(leader func() (string, bool)) Status {
 	}
 	if leader != nil {
 		st.Leader, st.IsLeader = leader()
+	}
+	st.FencingPolicy = "ok"
+	switch {
+	case c.cfg.FencingPolicy == "":
+		st.FencingPolicy = "not checked (--shard-fencing-policy=\"\")"
+	case !c.policyChecked:
+		st.FencingPolicy = "not checked yet"
+	case c.policyDetail != "":
+		st.FencingPolicy = c.policyDetail
 	}
 	holders := make([]string, c.cfg.Ring.Partitions)
 	for p, cl := range c.claims {

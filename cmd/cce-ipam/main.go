@@ -202,6 +202,9 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 			}
 			return names
 		},
+		FenceProbe: func(ctx context.Context, tok ipam.FenceToken) (bool, error) {
+			return core.ProbeFence(ctx, o.shard.Namespace, "cce-ipam-fence-probe", tok)
+		},
 	}, log.With("component", "shard"), reg)
 	if err != nil {
 		return err
@@ -251,6 +254,11 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := ready(core, members, coord); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		if detail := coord.FencingPolicy(); detail != "" {
+			// Ready, but fenced by this replica's clock only.
+			_, _ = w.Write([]byte("ok; WARNING: " + detail))
 			return
 		}
 		_, _ = w.Write([]byte("ok"))

@@ -108,6 +108,9 @@ type shardEnv struct {
 	cloud    *cloud.Client
 	replicas []*replica
 	extra    []string
+	// envOf, when set, adds environment variables to the replica of that
+	// name (r0, r1, ...) when it starts: test-only failpoints.
+	envOf func(name string) []string
 }
 
 func newShardEnv(t *testing.T, nodes int, extra ...string) *shardEnv {
@@ -118,8 +121,16 @@ func newShardEnv(t *testing.T, nodes int, extra ...string) *shardEnv {
 		t.Fatal(err)
 	}
 	simBin, ipamBin := binaries(t)
-	e := &shardEnv{t: t, ns: cp.Namespace(t), ipamBin: ipamBin, eniOf: map[string]string{}, extra: extra,
+	e := &shardEnv{t: t, ns: cp.Namespace(t), ipamBin: ipamBin, eniOf: map[string]string{},
 		kube: kubernetes.NewForConfigOrDie(cp.Config), cce: versioned.NewForConfigOrDie(cp.Config)}
+	// The chart's wep fencing policy, for this namespace's claims and the
+	// replicas' user (removed before the namespace is).
+	policy, removePolicy, err := cp.InstallFencingPolicy(ctx, filepath.Join("..", "..", "charts", "cce-ipam"), e.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(removePolicy)
+	e.extra = append([]string{"--shard-fencing-policy", policy}, extra...)
 	e.cluster = "c-" + e.ns[len(e.ns)-5:]
 	args := []string{"--listen", "127.0.0.1:0", "--credential", shardAK + ":" + shardSK, "--vpc", shardVPC,
 		"--subnet", shardSubnet + ",cn-bj-a,10.20.0.0/16", "--attach-delay", "0s", "--log-level", "warn"}
@@ -234,7 +245,7 @@ func (e *shardEnv) startOnce(keyFile string) *replica {
 	t.Helper()
 	r := &replica{grpc: freeAddr(t), http: freeAddr(t), gossipPort: freePort(t), exited: make(chan struct{})}
 	r.name = fmt.Sprintf("r%d", len(e.replicas))
-	args := []string{"--kubeconfig", cp.Kubeconfig, "--cluster-id", e.cluster, "--vpc-id", shardVPC,
+	args := []string{"--kubeconfig", cp.ReplicaKubeconfig, "--cluster-id", e.cluster, "--vpc-id", shardVPC,
 		"--bce-endpoint", e.simAddr, "--bce-region", "bj", "--bce-access-key-id", shardAK, "--bce-secret-access-key", shardSK,
 		"--bce-rate", strconv.Itoa(globalRate), "--bce-burst", strconv.Itoa(globalBurst),
 		"--grpc-listen", r.grpc, "--metrics-listen", r.http, "--namespace", e.ns,
@@ -254,6 +265,9 @@ func (e *shardEnv) startOnce(keyFile string) *replica {
 		t.Fatal(err)
 	}
 	r.cmd = exec.Command(e.ipamBin, args...)
+	if e.envOf != nil {
+		r.cmd.Env = append(os.Environ(), e.envOf(r.name)...)
+	}
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	r.cmd.Stdout, r.cmd.Stderr = logFile, logFile
 	if err := r.cmd.Start(); err != nil {
@@ -270,6 +284,9 @@ func (e *shardEnv) startOnce(keyFile string) *replica {
 		<-r.exited
 		if t.Failed() {
 			data, _ := os.ReadFile(r.logPath)
+			if os.Getenv("CCE_IPAM_TEST_LOGDIR") != "" {
+				_ = os.WriteFile(filepath.Join(os.Getenv("CCE_IPAM_TEST_LOGDIR"), r.name+".log"), data, 0o644)
+			}
 			if len(data) > 12000 {
 				data = data[len(data)-12000:]
 			}

@@ -68,10 +68,16 @@ type Cluster struct {
 	Config *rest.Config
 	// Kubeconfig is the path of a kubeconfig file with the same credentials.
 	Kubeconfig string
+	// ReplicaConfig and ReplicaKubeconfig are the same for the user
+	// ReplicaUser (also system:masters): the identity cce-ipam replicas run
+	// as, which the wep fencing policy matches (InstallFencingPolicy).
+	ReplicaConfig     *rest.Config
+	ReplicaKubeconfig string
 	// Dir is the working directory; component logs are Dir/<component>.log.
 	Dir string
 
 	ownDir    bool
+	binDir    string
 	etcdURL   string
 	procs     []*process // in start order; stopped in reverse
 	closeOnce sync.Once
@@ -89,7 +95,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, fmt.Errorf("control-plane binary %s is missing (run `make tools`): %w", bin, err)
 		}
 	}
-	c := &Cluster{Dir: opts.Dir}
+	c := &Cluster{Dir: opts.Dir, binDir: opts.BinDir}
 	if c.Dir == "" {
 		removeAbandonedDirs()
 		dir, err := os.MkdirTemp("", tempDirPrefix)
@@ -174,7 +180,12 @@ func (c *Cluster) startAPIServer(ctx context.Context, binDir string, port int) e
 		return err
 	}
 	tokenFile := filepath.Join(c.Dir, "tokens.csv")
-	if err := os.WriteFile(tokenFile, []byte(token+",admin,admin,system:masters\n"), 0o600); err != nil {
+	replicaToken, err := randomToken()
+	if err != nil {
+		return err
+	}
+	tokens := token + ",admin,admin,system:masters\n" + replicaToken + "," + ReplicaUser + "," + ReplicaUser + ",system:masters\n"
+	if err := os.WriteFile(tokenFile, []byte(tokens), 0o600); err != nil {
 		return err
 	}
 	host := "https://127.0.0.1:" + strconv.Itoa(port)
@@ -233,6 +244,12 @@ func (c *Cluster) startAPIServer(ctx context.Context, binDir string, port int) e
 	}
 	c.Kubeconfig = filepath.Join(c.Dir, "admin.kubeconfig")
 	if err := writeKubeconfig(c.Kubeconfig, c.Config); err != nil {
+		return err
+	}
+	c.ReplicaConfig = rest.CopyConfig(c.Config)
+	c.ReplicaConfig.BearerToken = replicaToken
+	c.ReplicaKubeconfig = filepath.Join(c.Dir, "replica.kubeconfig")
+	if err := writeKubeconfig(c.ReplicaKubeconfig, c.ReplicaConfig); err != nil {
 		return err
 	}
 	// Prove the generated CA verifies the server before handing it out.

@@ -178,18 +178,23 @@ func (i *IPAM) tryTake(ctx context.Context, n *node, req datastore.Request, dead
 
 // commit writes the WorkloadEndpoint: the allocation's commit point.
 func (i *IPAM) commit(ctx context.Context, pod *corev1.Pod, n *node, info datastore.IPInfo) (*cce.WorkloadEndpoint, error) {
-	until, err := i.mayActUntil(n.name)
+	tok, until, err := i.fenceFor(n.name)
 	if err != nil {
 		return nil, err
 	}
-	if !until.IsZero() {
-		// The commit must not reach the API server after our right to
-		// write for the node has ended (a pause in the middle of it).
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, until)
-		defer cancel()
-	}
+	// The commit should not reach the API server after our right to write
+	// for the node has ended (a pause in the middle of it). The deadline is
+	// our clock's word only; the API server's fencing policy refuses a wep
+	// whose token is no longer the partition's claim (fencing.go).
+	ctx, cancel := fencedContext(ctx, until)
+	defer cancel()
 	want := i.newWEP(pod, n, info)
+	if tok != nil {
+		tok.Stamp(want)
+	}
+	if failpoint(fpBeforeWEPCreate, n.name+" "+pod.Namespace+"/"+pod.Name) {
+		ctx = context.WithoutCancel(ctx) // a write already on the wire (see failpoint.go)
+	}
 	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(pod.Namespace)
 	wep, err := client.Create(ctx, want, metav1.CreateOptions{})
 	if err == nil {

@@ -67,7 +67,7 @@ func (i *IPAM) CollectGarbage(ctx context.Context) {
 					named[addr] = datastore.PodKey{Namespace: w.Namespace, Name: w.Name}
 				}
 				i.collectServedWEP(ctx, w)
-			case leader:
+			case i.deletedNodeDuty(w.Spec.Node, leader):
 				if _, err := i.nodes.Get(w.Spec.Node); !apierrors.IsNotFound(err) {
 					continue
 				}
@@ -164,6 +164,16 @@ func (i *IPAM) wepGarbage(ctx context.Context, w *cce.WorkloadEndpoint) (string,
 		return "", false
 	}
 	return gcLeakedPod, true
+}
+
+// deletedNodeDuty says whether this replica sweeps the weps of a node that
+// may be gone: with a fence, the holder of the node's partition (its wep
+// writes carry that claim's fencing token); without one, the leader.
+func (i *IPAM) deletedNodeDuty(node string, leader bool) bool {
+	if i.deps.Fence == nil {
+		return leader
+	}
+	return i.holdsNode(node)
 }
 
 // collectOnDeletedNode deletes the wep of a deleted pod on a node that no

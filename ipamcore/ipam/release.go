@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/cni"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
 )
@@ -40,7 +38,8 @@ func (i *IPAM) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool,
 		return cni.Endpoint{}, false, fmt.Errorf("%w: %s", ErrNodeNotServed, wep.Spec.Node)
 	}
 	defer done()
-	if err := i.mayAct(n.name); err != nil {
+	tok, until, err := i.fenceFor(n.name)
+	if err != nil {
 		return cni.Endpoint{}, false, err
 	}
 	if wep.IsFixedStatefulSet() {
@@ -48,7 +47,13 @@ func (i *IPAM) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool,
 		// it when the StatefulSet is deleted or scaled below the pod.
 		upd := wep.DeepCopy()
 		upd.Spec.UpdateAt = metav1.NewTime(i.deps.Clock.Now())
-		if _, err := client.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		if tok != nil {
+			tok.Stamp(upd)
+		}
+		uctx, cancel := fencedContext(ctx, until)
+		_, err := client.Update(uctx, upd, metav1.UpdateOptions{})
+		cancel()
+		if err != nil {
 			i.log.Info("could not stamp a fixed wep on release", "wep", wep.Namespace+"/"+wep.Name, "err", err)
 		}
 		i.metrics.releases.WithLabelValues("ok", pathFixed).Inc()
@@ -82,27 +87,6 @@ func (i *IPAM) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool,
 		n.poke() // the worker trims the pool back to IdleMax
 	}
 	return endpointOf(wep), true, nil
-}
-
-// deleteWEP removes the reference's finalizer (kept on our weps too, for
-// compatibility) and deletes the wep, guarded by its resourceVersion.
-func (i *IPAM) deleteWEP(ctx context.Context, wep *cce.WorkloadEndpoint) error {
-	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(wep.Namespace)
-	if slices.Contains(wep.Finalizers, cce.WorkloadEndpointFinalizer) {
-		upd := wep.DeepCopy()
-		upd.Finalizers = slices.DeleteFunc(upd.Finalizers, func(f string) bool { return f == cce.WorkloadEndpointFinalizer })
-		var err error
-		if wep, err = client.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("remove finalizer of WorkloadEndpoint: %w", err)
-		}
-	}
-	err := client.Delete(ctx, wep.Name, metav1.DeleteOptions{
-		Preconditions: &metav1.Preconditions{UID: &wep.UID, ResourceVersion: &wep.ResourceVersion},
-	})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete WorkloadEndpoint: %w", err)
-	}
-	return nil
 }
 
 // Check implements cni.Backend: the pod's current wep, if the sandbox owns it.

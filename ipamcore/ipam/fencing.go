@@ -1,0 +1,157 @@
+package ipam
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+)
+
+// Fencing tokens on weps (issue #19, finding 4). Every wep a replica writes
+// (create, update, and the update that precedes its delete) carries the
+// token of the partition claim it acts under: the partition, the claim's
+// holder and the claim's epoch (its Lease's spec.leaseTransitions, which
+// every claim CAS increments). The fencing ValidatingAdmissionPolicy
+// (charts/cce-ipam/templates/fencing-policy.yaml) refuses, inside the API
+// server, a write whose token is not the partition's current claim, so a
+// replica that lost the partition cannot write whatever its clock says.
+const (
+	AnnoFencePartition = "cce.io/fence-partition"
+	AnnoFenceHolder    = "cce.io/fence-holder"
+	AnnoFenceEpoch     = "cce.io/fence-epoch"
+)
+
+// FenceToken names the partition claim a write is made under.
+type FenceToken struct {
+	Partition int
+	Holder    string
+	Epoch     int64
+}
+
+func (t FenceToken) String() string {
+	return fmt.Sprintf("partition %d, holder %q, epoch %d", t.Partition, t.Holder, t.Epoch)
+}
+
+// Stamp writes the token into the wep's annotations.
+func (t FenceToken) Stamp(w *cce.WorkloadEndpoint) {
+	if w.Annotations == nil {
+		w.Annotations = map[string]string{}
+	}
+	w.Annotations[AnnoFencePartition] = strconv.Itoa(t.Partition)
+	w.Annotations[AnnoFenceHolder] = t.Holder
+	w.Annotations[AnnoFenceEpoch] = strconv.FormatInt(t.Epoch, 10)
+}
+
+// TokenFence is a Fence that also names the claim its permission rests on
+// (shard.Coordinator implements it). With one, every wep write is stamped.
+type TokenFence interface {
+	Fence
+	// FenceToken answers as MayAct does, and names the claim.
+	FenceToken(node string) (tok FenceToken, until time.Time, err error)
+}
+
+// fenceFor asks the fence whether a write for the node may go ahead, until
+// when (zero: no deadline), and under which token (nil: none to stamp, a
+// fence without tokens or no fence at all).
+func (i *IPAM) fenceFor(node string) (*FenceToken, time.Time, error) {
+	tf, ok := i.deps.Fence.(TokenFence)
+	if !ok {
+		until, err := i.mayActUntil(node)
+		return nil, until, err
+	}
+	tok, until, err := tf.FenceToken(node)
+	if err != nil {
+		i.metrics.fenced.Inc()
+		return nil, time.Time{}, fmt.Errorf("%w %s: %v", ErrFenced, node, err)
+	}
+	return &tok, until, nil
+}
+
+// fencedContext bounds ctx by the fence's deadline, when there is one.
+func fencedContext(ctx context.Context, until time.Time) (context.Context, context.CancelFunc) {
+	if until.IsZero() {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, until)
+}
+
+// deleteWEP deletes a wep under the fence of its node. With fencing tokens
+// the delete is two writes: an update that stamps the current token and
+// removes the finalizer (the fenced write: the policy checks the token it
+// carries), then the delete, preconditioned on that update's
+// resourceVersion (the policy checks the stored token, which is the one just
+// written, so a delete sent after the partition moved is refused too).
+// Without tokens: the finalizer (kept on our weps for compatibility) is
+// removed if present, then the wep is deleted, guarded by its
+// resourceVersion. Both writes carry the lease deadline as their context
+// deadline.
+func (i *IPAM) deleteWEP(ctx context.Context, wep *cce.WorkloadEndpoint) error {
+	tok, until, err := i.fenceFor(wep.Spec.Node)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := fencedContext(ctx, until)
+	defer cancel()
+	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(wep.Namespace)
+	if tok != nil || slices.Contains(wep.Finalizers, cce.WorkloadEndpointFinalizer) {
+		upd := wep.DeepCopy()
+		upd.Finalizers = slices.DeleteFunc(upd.Finalizers, func(f string) bool { return f == cce.WorkloadEndpointFinalizer })
+		if tok != nil {
+			tok.Stamp(upd)
+		}
+		if wep, err = client.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("stamp and remove finalizer of WorkloadEndpoint: %w", err)
+		}
+	}
+	err = client.Delete(ctx, wep.Name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &wep.UID, ResourceVersion: &wep.ResourceVersion},
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete WorkloadEndpoint: %w", err)
+	}
+	return nil
+}
+
+// ProbeFence asks the API server whether its fencing policy already refuses
+// a wep write under tok (the claim a takeover just replaced): a dry-run
+// Create, which runs admission but stores nothing, of a wep named after the
+// partition in namespace. refused is true when admission denied it.
+func (i *IPAM) ProbeFence(ctx context.Context, namespace, node string, tok FenceToken) (refused bool, err error) {
+	w := &cce.WorkloadEndpoint{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      fmt.Sprintf("cce-ipam-fence-probe-%d", tok.Partition),
+			Namespace: namespace,
+		},
+		Spec: cce.WorkloadEndpointSpec{
+			ContainerID: "fence-probe", IP: "127.0.0.1", Type: cce.WorkloadEndpointTypePod, Node: node,
+			UpdateAt: metav1.NewTime(i.deps.Clock.Now()),
+		},
+	}
+	tok.Stamp(w)
+	_, err = i.deps.CCE.CceV1alpha1().WorkloadEndpoints(namespace).Create(ctx, w, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	switch {
+	case err == nil, apierrors.IsAlreadyExists(err):
+		return false, nil
+	case (apierrors.IsForbidden(err) || apierrors.IsInvalid(err)) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy"):
+		return true, nil
+	default:
+		return false, err
+	}
+}
+
+// holdsNode reports, without counting a refusal, whether the fence lets
+// this replica write for the node (always, without a fence).
+func (i *IPAM) holdsNode(node string) bool {
+	if i.deps.Fence == nil {
+		return true
+	}
+	_, err := i.deps.Fence.MayAct(node)
+	return err == nil
+}

@@ -1,0 +1,153 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
+)
+
+// Fencing enforced by the API server (issue #19, finding 4; DESIGN.md,
+// "Fencing in the API server"). The wep writes carry the token of the claim
+// they are made under (ipam/fencing.go); the fencing ValidatingAdmissionPolicy
+// refuses a token that is not the partition's current claim.
+
+var _ ipam.TokenFence = (*Coordinator)(nil)
+
+// FenceToken implements ipam.TokenFence: MayAct's answer, and the claim it
+// rests on (the partition, this replica, the claim's epoch).
+func (c *Coordinator) FenceToken(node string) (ipam.FenceToken, time.Time, error) {
+	p := PartitionOf(c.cfg.Ring.Partitions, node)
+	until, err := c.MayAct(node)
+	if err != nil {
+		return ipam.FenceToken{}, time.Time{}, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl := Claim{}
+	if w, ok := c.written[p]; ok {
+		cl = w.claim
+	} else if p < len(c.claims) {
+		cl = c.claims[p]
+	}
+	if cl.Holder != c.self {
+		return ipam.FenceToken{}, time.Time{}, fmt.Errorf("%w: the claim of partition %d names %q", ErrNotOwner, p, cl.Holder)
+	}
+	return ipam.FenceToken{Partition: p, Holder: c.self, Epoch: cl.Epoch}, until, nil
+}
+
+// fenceCatchUpMax bounds how long a takeover waits for the API server's
+// fencing policy to refuse the old holder's token before serving anyway.
+const fenceCatchUpMax = 10 * time.Second
+
+// awaitFence runs after a claim CAS that replaced old (another holder's, or
+// ours from before a lapse): the policy reads the claims from the API
+// server's own informer, which may not have seen the CAS yet, and would
+// then still accept the old holder's writes. It returns once a dry-run
+// write under the old token is refused (or after fenceCatchUpMax). Nothing
+// to wait for without the policy.
+func (c *Coordinator) awaitFence(ctx context.Context, p int, old Claim) {
+	c.mu.Lock()
+	present := c.policyPresent
+	c.mu.Unlock()
+	if c.fenceProbe == nil || !present {
+		return
+	}
+	tok := ipam.FenceToken{Partition: p, Holder: old.Holder, Epoch: old.Epoch}
+	start := c.clock.Now()
+	var lastErr error
+	for probes := 1; ; probes++ {
+		refused, err := c.fenceProbe(ctx, tok)
+		if refused {
+			took := c.clock.Since(start)
+			c.metrics.fenceCatchUp.Observe(took.Seconds())
+			if probes > 1 {
+				c.log.Info("the API server's fencing policy caught up with the claim", "partition", p, "took", took, "probes", probes)
+			}
+			return
+		}
+		lastErr = err
+		if c.clock.Since(start) >= fenceCatchUpMax || ctx.Err() != nil {
+			c.metrics.fenceCatchUp.Observe(c.clock.Since(start).Seconds())
+			c.log.Warn("the API server's fencing policy still accepts the old holder's token; serving anyway",
+				"partition", p, "old", tok.String(), "waited", c.clock.Since(start), "err", lastErr)
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-c.clock.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// policyCheckPeriod is how often a replica looks for the fencing policy.
+const policyCheckPeriod = time.Minute
+
+// policyLoop checks for the fencing policy and its binding at start and
+// then every policyCheckPeriod.
+func (c *Coordinator) policyLoop(ctx context.Context) {
+	for {
+		c.checkPolicy(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.clock.After(policyCheckPeriod):
+		}
+	}
+}
+
+// checkPolicy GETs the fencing ValidatingAdmissionPolicy and its binding
+// (both named cfg.FencingPolicy) and records whether both exist.
+func (c *Coordinator) checkPolicy(ctx context.Context) {
+	name := c.cfg.FencingPolicy
+	detail := ""
+	if name == "" {
+		detail = "fencing policy disabled (--shard-fencing-policy=\"\")"
+	} else {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		adm := c.kube.AdmissionregistrationV1()
+		_, err := adm.ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			_, err = adm.ValidatingAdmissionPolicyBindings().Get(ctx, name, metav1.GetOptions{})
+		}
+		switch {
+		case apierrors.IsNotFound(err):
+			detail = fmt.Sprintf("fencing policy %s or its binding is missing: the API server does not refuse wep writes of a replica that lost its partition", name)
+		case err != nil:
+			c.log.Warn("could not read the fencing policy; keeping the last answer", "policy", name, "err", err)
+			return
+		}
+	}
+	c.mu.Lock()
+	was, wasDetail := c.policyPresent, c.policyDetail
+	c.policyPresent, c.policyDetail, c.policyChecked = detail == "", detail, true
+	c.mu.Unlock()
+	if detail == "" {
+		c.metrics.policyPresent.Set(1)
+		if !was {
+			c.log.Info("fencing policy present: the API server refuses wep writes under a stale claim", "policy", name)
+		}
+		return
+	}
+	c.metrics.policyPresent.Set(0)
+	if detail != wasDetail || was {
+		c.log.Error("NOT FENCED BY THE API SERVER: " + detail)
+	}
+	c.Kick()
+}
+
+// FencingPolicy is what the last check found: "" when the policy and its
+// binding exist, else why fencing is only by this replica's clock.
+func (c *Coordinator) FencingPolicy() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.policyChecked {
+		return "not checked yet"
+	}
+	return c.policyDetail
+}

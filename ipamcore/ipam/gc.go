@@ -67,6 +67,7 @@ func (i *IPAM) CollectGarbage(ctx context.Context) {
 					named[addr] = datastore.PodKey{Namespace: w.Namespace, Name: w.Name}
 				}
 				i.collectServedWEP(ctx, w)
+				i.checkGhost(ctx, w)
 			case i.deletedNodeDuty(w.Spec.Node, leader):
 				if _, err := i.nodes.Get(w.Spec.Node); !apierrors.IsNotFound(err) {
 					continue
@@ -82,6 +83,7 @@ func (i *IPAM) CollectGarbage(ctx context.Context) {
 		opts.Continue = page.Continue
 	}
 	i.collectLeakedIPs(ctx, named, synced)
+	i.releaseGhostHolds(named)
 	// Pools of deleted nodes belong to no shard either.
 	if leader {
 		i.collectLeakedIPPools(ctx)

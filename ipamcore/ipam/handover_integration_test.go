@@ -195,6 +195,11 @@ func TestIPAM_GhostWEPHoldsItsAddress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Pick among addresses the datastore has recorded: a grow may be in
+	// flight (in the cloud, not yet in the datastore).
+	eventually(t, 15*time.Second, "the pool settled", func() bool {
+		return e.stats(node).Total == len(e.cloudIPs()[e.instance[node]])
+	})
 	var ghostIP string
 	for ip := range e.cloudIPs()[e.instance[node]] {
 		if ip != r.IP {
@@ -214,6 +219,11 @@ func TestIPAM_GhostWEPHoldsItsAddress(t *testing.T) {
 	if _, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Create(e.ctx, ghost, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// GC looks only at nodes whose pod watch has synced.
+	eventually(t, 10*time.Second, "the ghost's pod in its node's watch", func() bool {
+		_, ok := e.ipam.PodFromCache(node, e.ns, ghostPod.name)
+		return ok
+	})
 	e.ipam.CollectGarbage(e.ctx)
 	grants := e.allocateTimed(e.createPods("b", e.stats(node).Idle+1))
 	for _, g := range grants {

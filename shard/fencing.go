@@ -100,8 +100,8 @@ func (c *Coordinator) policyLoop(ctx context.Context) {
 	}
 }
 
-// checkPolicy GETs the fencing ValidatingAdmissionPolicy and its binding
-// (both named cfg.FencingPolicy) and records whether both exist.
+// checkPolicy GETs the fencing ValidatingAdmissionPolicies and bindings
+// (named after cfg.FencingPolicy) and records whether they exist.
 func (c *Coordinator) checkPolicy(ctx context.Context) {
 	name := c.cfg.FencingPolicy
 	detail := ""
@@ -110,14 +110,24 @@ func (c *Coordinator) checkPolicy(ctx context.Context) {
 	} else {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
+		// The chart's objects (templates/fencing-policy.yaml): the policies
+		// <name> and <name>-token, the binding <name>-token and one binding
+		// <name>-<p> per partition (the first and last are looked at).
 		adm := c.kube.AdmissionregistrationV1()
-		_, err := adm.ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
-		if err == nil {
-			_, err = adm.ValidatingAdmissionPolicyBindings().Get(ctx, name, metav1.GetOptions{})
+		var err error
+		for _, n := range []string{name, name + "-token"} {
+			if err == nil {
+				_, err = adm.ValidatingAdmissionPolicies().Get(ctx, n, metav1.GetOptions{})
+			}
+		}
+		for _, n := range []string{name + "-token", name + "-0", fmt.Sprintf("%s-%d", name, c.cfg.Ring.Partitions-1)} {
+			if err == nil {
+				_, err = adm.ValidatingAdmissionPolicyBindings().Get(ctx, n, metav1.GetOptions{})
+			}
 		}
 		switch {
 		case apierrors.IsNotFound(err):
-			detail = fmt.Sprintf("fencing policy %s or its binding is missing: the API server does not refuse wep writes of a replica that lost its partition", name)
+			detail = fmt.Sprintf("fencing policy %s or one of its bindings is missing: the API server does not refuse wep writes of a replica that lost its partition", name)
 		case err != nil:
 			c.log.Warn("could not read the fencing policy; keeping the last answer", "policy", name, "err", err)
 			return

@@ -47,8 +47,8 @@ func (c *Cluster) InstallFencingPolicy(ctx context.Context, chartDir, namespace 
 	if err != nil {
 		return "", nil, fmt.Errorf("helm template: %w: %s", err, stderr.String())
 	}
-	var policy admissionv1.ValidatingAdmissionPolicy
-	var binding admissionv1.ValidatingAdmissionPolicyBinding
+	var policies []admissionv1.ValidatingAdmissionPolicy
+	var bindings []admissionv1.ValidatingAdmissionPolicyBinding
 	for _, doc := range strings.Split(string(out), "\n---") {
 		var meta metav1.TypeMeta
 		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
@@ -56,46 +56,71 @@ func (c *Cluster) InstallFencingPolicy(ctx context.Context, chartDir, namespace 
 		}
 		switch meta.Kind {
 		case "ValidatingAdmissionPolicy":
-			err = yaml.UnmarshalStrict([]byte(doc), &policy)
+			var p admissionv1.ValidatingAdmissionPolicy
+			err = yaml.UnmarshalStrict([]byte(doc), &p)
+			policies = append(policies, p)
 		case "ValidatingAdmissionPolicyBinding":
-			err = yaml.UnmarshalStrict([]byte(doc), &binding)
+			var b admissionv1.ValidatingAdmissionPolicyBinding
+			err = yaml.UnmarshalStrict([]byte(doc), &b)
+			bindings = append(bindings, b)
 		}
 		if err != nil {
 			return "", nil, fmt.Errorf("decode %s: %w", meta.Kind, err)
 		}
 	}
-	if policy.Name == "" || binding.Name == "" {
-		return "", nil, fmt.Errorf("helm template rendered no fencing policy and binding:\n%s", out)
+	if len(policies) == 0 || len(bindings) == 0 {
+		return "", nil, fmt.Errorf("helm template rendered no fencing policy and bindings:\n%s", out)
 	}
+	name := policies[0].Name
 	adm := kubernetes.NewForConfigOrDie(c.Config).AdmissionregistrationV1()
-	if _, err := adm.ValidatingAdmissionPolicies().Create(ctx, &policy, metav1.CreateOptions{}); err != nil {
-		return "", nil, err
-	}
 	cleanup := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_ = adm.ValidatingAdmissionPolicyBindings().Delete(ctx, binding.Name, metav1.DeleteOptions{})
-		_ = adm.ValidatingAdmissionPolicies().Delete(ctx, policy.Name, metav1.DeleteOptions{})
+		for _, b := range bindings {
+			_ = adm.ValidatingAdmissionPolicyBindings().Delete(ctx, b.Name, metav1.DeleteOptions{})
+		}
+		for _, p := range policies {
+			_ = adm.ValidatingAdmissionPolicies().Delete(ctx, p.Name, metav1.DeleteOptions{})
+		}
 	}
-	if _, err := adm.ValidatingAdmissionPolicyBindings().Create(ctx, &binding, metav1.CreateOptions{}); err != nil {
-		cleanup()
-		return "", nil, err
+	for k := range policies {
+		if _, err := adm.ValidatingAdmissionPolicies().Create(ctx, &policies[k], metav1.CreateOptions{}); err != nil {
+			cleanup()
+			return "", nil, err
+		}
 	}
-	// Enforced once a token-less wep write of the replicas' user is refused.
+	for k := range bindings {
+		if _, err := adm.ValidatingAdmissionPolicyBindings().Create(ctx, &bindings[k], metav1.CreateOptions{}); err != nil {
+			cleanup()
+			return "", nil, err
+		}
+	}
+	// Enforced once a token-less wep write of the replicas' user is refused,
+	// and one under a holder that claims nothing (the last partition's
+	// binding; its claim may not even exist).
 	probe := versioned.NewForConfigOrDie(c.ReplicaConfig).CceV1alpha1().WorkloadEndpoints(namespace)
 	w := &cce.WorkloadEndpoint{
 		ObjectMeta: metav1.ObjectMeta{Name: "fencing-policy-probe", Namespace: namespace},
 		Spec:       cce.WorkloadEndpointSpec{ContainerID: "probe", IP: "127.0.0.1", Type: cce.WorkloadEndpointTypePod, Node: "probe"},
 	}
-	var last error
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, last = probe.Create(ctx, w, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return (apierrors.IsForbidden(last) || apierrors.IsInvalid(last)) && strings.Contains(last.Error(), "ValidatingAdmissionPolicy"), nil
-	})
-	if err != nil {
-		got, _ := adm.ValidatingAdmissionPolicies().Get(ctx, policy.Name, metav1.GetOptions{})
-		cleanup()
-		return "", nil, fmt.Errorf("fencing policy not enforced (last probe: %v; status %+v): %w", last, got.Status, err)
+	last := len(bindings) - 1
+	for last > 0 && bindings[last].Spec.ParamRef == nil {
+		last--
 	}
-	return policy.Name, cleanup, nil
+	p := strings.TrimPrefix(bindings[last].Spec.ParamRef.Name, "cce-ipam-partition-")
+	stamped := w.DeepCopy()
+	stamped.Labels = map[string]string{"cce.io/fence-partition": p}
+	stamped.Annotations = map[string]string{"cce.io/fence-holder": "nobody-probe", "cce.io/fence-epoch": "0"}
+	var lastErr error
+	for _, obj := range []*cce.WorkloadEndpoint{w, stamped} {
+		err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, lastErr = probe.Create(ctx, obj, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			return (apierrors.IsForbidden(lastErr) || apierrors.IsInvalid(lastErr)) && strings.Contains(lastErr.Error(), "ValidatingAdmissionPolicy"), nil
+		})
+		if err != nil {
+			cleanup()
+			return "", nil, fmt.Errorf("fencing policy not enforced (last probe: %v): %w", lastErr, err)
+		}
+	}
+	return name, cleanup, nil
 }

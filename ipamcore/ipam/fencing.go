@@ -16,16 +16,16 @@ import (
 
 // Fencing tokens on weps (issue #19, finding 4). Every wep a replica writes
 // (create, update, and the update that precedes its delete) carries the
-// token of the partition claim it acts under: the partition, the claim's
+// token of the partition claim it acts under: the partition (a label), the claim's
 // holder and the claim's epoch (its Lease's spec.leaseTransitions, which
 // every claim CAS increments). The fencing ValidatingAdmissionPolicy
 // (charts/cce-ipam/templates/fencing-policy.yaml) refuses, inside the API
 // server, a write whose token is not the partition's current claim, so a
 // replica that lost the partition cannot write whatever its clock says.
 const (
-	AnnoFencePartition = "cce.io/fence-partition"
-	AnnoFenceHolder    = "cce.io/fence-holder"
-	AnnoFenceEpoch     = "cce.io/fence-epoch"
+	LabelFencePartition = "cce.io/fence-partition"
+	AnnoFenceHolder     = "cce.io/fence-holder"
+	AnnoFenceEpoch      = "cce.io/fence-epoch"
 )
 
 // FenceToken names the partition claim a write is made under.
@@ -39,12 +39,17 @@ func (t FenceToken) String() string {
 	return fmt.Sprintf("partition %d, holder %q, epoch %d", t.Partition, t.Holder, t.Epoch)
 }
 
-// Stamp writes the token into the wep's annotations.
+// Stamp writes the token into the wep: the partition as a label (the
+// policy's binding of the partition selects on it), the holder and the epoch
+// as annotations (a member name can be longer than a label value).
 func (t FenceToken) Stamp(w *cce.WorkloadEndpoint) {
+	if w.Labels == nil {
+		w.Labels = map[string]string{}
+	}
 	if w.Annotations == nil {
 		w.Annotations = map[string]string{}
 	}
-	w.Annotations[AnnoFencePartition] = strconv.Itoa(t.Partition)
+	w.Labels[LabelFencePartition] = strconv.Itoa(t.Partition)
 	w.Annotations[AnnoFenceHolder] = t.Holder
 	w.Annotations[AnnoFenceEpoch] = strconv.FormatInt(t.Epoch, 10)
 }

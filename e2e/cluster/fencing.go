@@ -23,24 +23,37 @@ import (
 // ReplicaUser is the token-file user cce-ipam replicas run as in tests.
 const ReplicaUser = "cce-ipam-replica"
 
-// InstallFencingPolicy renders the chart's wep fencing policy and binding
+// InstallFencingPolicy renders the chart's wep fencing policies and bindings
 // (templates/fencing-policy.yaml, with bin/helm) for the coordination Leases
 // in namespace, fencing the wep writes of ReplicaUser in that namespace only
 // (tests share the control plane), creates them, and waits until the API
 // server enforces them. It returns the policy's name (for
-// --shard-fencing-policy) and a function that deletes both objects.
+// --shard-fencing-policy) and a function that deletes the objects.
 func (c *Cluster) InstallFencingPolicy(ctx context.Context, chartDir, namespace string) (string, func(), error) {
+	return c.installFencingPolicy(ctx, chartDir, namespace, namespace)
+}
+
+// InstallFencingPolicyAllNamespaces is InstallFencingPolicy for a control
+// plane of one fleet: the weps of every namespace are fenced.
+func (c *Cluster) InstallFencingPolicyAllNamespaces(ctx context.Context, chartDir, leaseNamespace string) (string, func(), error) {
+	return c.installFencingPolicy(ctx, chartDir, leaseNamespace, "")
+}
+
+func (c *Cluster) installFencingPolicy(ctx context.Context, chartDir, namespace, wepNamespace string) (string, func(), error) {
 	binDir := c.binDir
 	full := "fence-" + namespace
 	if len(full) > 52 {
 		full = full[:52]
 	}
 	full = strings.TrimRight(full, "-")
-	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "helm"), "template", "rel", chartDir,
+	args := []string{"template", "rel", chartDir,
 		"--namespace", namespace, "--show-only", "templates/fencing-policy.yaml",
-		"--set", "cluster.id=c,cluster.vpcID=v,bce.region=bj,fullnameOverride="+full,
-		"--set", "fencing.user="+ReplicaUser,
-		"--set-string", `fencing.namespaceSelector.matchLabels.kubernetes\.io/metadata\.name=`+namespace)
+		"--set", "cluster.id=c,cluster.vpcID=v,bce.region=bj,fullnameOverride=" + full,
+		"--set", "fencing.user=" + ReplicaUser}
+	if wepNamespace != "" {
+		args = append(args, "--set-string", `fencing.namespaceSelector.matchLabels.kubernetes\.io/metadata\.name=`+wepNamespace)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "helm"), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

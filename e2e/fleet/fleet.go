@@ -49,12 +49,16 @@ type Fleet struct {
 	// Dir holds the logs.
 	Dir string
 
-	opts       Options
-	sharded    bool
-	gossipKey  string // file paths, shared by every replica
-	forwardKey string
-	sim        *proc
-	simURL     string
+	opts    Options
+	sharded bool
+	// fencingPolicy and replicaKubeconfig: the wep fencing policy the
+	// fleet installed in its own control plane, and the identity it fences.
+	fencingPolicy     string
+	replicaKubeconfig string
+	gossipKey         string // file paths, shared by every replica
+	forwardKey        string
+	sim               *proc
+	simURL            string
 
 	mu        sync.Mutex
 	replicas  []*Replica
@@ -141,6 +145,16 @@ func (f *Fleet) start(ctx context.Context) error {
 			return fmt.Errorf("fleet: %w", err)
 		}
 		f.Config, f.Kubeconfig = cp.Config, cp.Kubeconfig
+		if sharded {
+			// The chart's wep fencing policy; the replicas run as the user
+			// it fences (through the netns proxy they keep the admin's
+			// token, which the policy does not check).
+			name, _, err := cp.InstallFencingPolicyAllNamespaces(ctx, filepath.Join(root, "charts", "cce-ipam"), o.LeaseNamespace)
+			if err != nil {
+				return fmt.Errorf("fleet: %w", err)
+			}
+			f.fencingPolicy, f.replicaKubeconfig = name, cp.ReplicaKubeconfig
+		}
 	} else {
 		f.Config, f.Kubeconfig = o.Config, o.Kubeconfig
 	}

@@ -139,6 +139,9 @@ func (r *Replica) Starts() int {
 func (r *Replica) args() []string {
 	f, o := r.f, r.f.opts
 	kubeconfig, simURL := f.Kubeconfig, f.simURL
+	if f.replicaKubeconfig != "" {
+		kubeconfig = f.replicaKubeconfig
+	}
 	if n := f.netns; n != nil {
 		kubeconfig, simURL = n.kubecfg, "http://"+n.simAddr
 	}
@@ -157,7 +160,8 @@ func (r *Replica) args() []string {
 			"--memberlist-name-prefix", fmt.Sprintf("%s-r%d", o.Name, r.index),
 			"--memberlist-grpc-advertise-addr", r.grpcAddr,
 			"--namespace", o.LeaseNamespace,
-			"--shard-forward-key-file", f.forwardKey)
+			"--shard-forward-key-file", f.forwardKey,
+			"--shard-fencing-policy", f.fencingPolicy)
 		for _, peer := range f.Replicas() {
 			if peer != r && !peer.Removed() {
 				a = append(a, "--memberlist-join", peer.GossipAddr())

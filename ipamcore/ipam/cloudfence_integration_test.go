@@ -3,9 +3,14 @@
 package ipam_test
 
 import (
+	"context"
+	"errors"
+	"log/slog"
 	"maps"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -118,5 +123,52 @@ func TestIPAM_HandOverWaitsForLeakedENIDelete(t *testing.T) {
 	if later := exists(); later != atReturn {
 		t.Fatalf("bce-sim deleted the node's leaked ENI %s after StopServingNode returned (there at the return: %v, later: %v)",
 			leaked, atReturn, later)
+	}
+}
+
+// flipFence permits every node until refuse says otherwise.
+type flipFence struct{ refuse func() bool }
+
+func (f flipFence) MayAct(string) (time.Time, error) {
+	if f.refuse() {
+		return time.Time{}, errors.New("the node's partition moved away")
+	}
+	return time.Now().Add(time.Minute), nil
+}
+
+// The pool worker's cloud calls carry the node's permission: a grow
+// answered 5xx whose node permission ended before the retry is not retried
+// (the client would retry it SDKRetries = 3 times), and nothing more is
+// sent for the node.
+func TestIPAM_PoolCallNotRetriedAfterFenceEnds(t *testing.T) {
+	e := newEnv(t, "fpool", 1, ipam.Config{IdleMin: 4, IdleMax: 8, PoolCheckPeriod: 200 * time.Millisecond,
+		GCPeriod: time.Hour, ENISyncPeriod: time.Hour})
+	e.stop() // a fresh IPAM with a fence instead
+	// A grow the first IPAM's stop cut off may still reach bce-sim: let it
+	// land before counting.
+	time.Sleep(500 * time.Millisecond)
+	if err := e.sim.SetFaults(bcesim.Faults{ErrorRate: map[bcesim.Op]float64{bcesim.OpBatchAddPrivateIP: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	adds := func() int64 { return e.sim.Stats().Ops[bcesim.OpBatchAddPrivateIP].Calls }
+	before := adds()
+	fence := flipFence{refuse: func() bool { return adds() > before }} // ends once a grow reached BCE
+	cfg := e.cfg
+	cfg.IdleMin, cfg.IdleMax = 12, 16 // more than the first IPAM left: the worker grows at once
+	ip, err := ipam.New(cfg, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: e.cloud, Fence: fence},
+		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	go func() { _ = ip.Run(ctx) }()
+	for n, err := range ip.ServeNodes(ctx, e.nodes) {
+		t.Fatalf("serve %s: %v", n, err)
+	}
+	eventually(t, 10*time.Second, "a grow at bce-sim", func() bool { return adds() > before })
+	time.Sleep(2 * time.Second) // the worker's retries and later rounds, if any
+	if n := adds() - before; n != 1 {
+		t.Fatalf("the node's fence ended after the first grow reached BCE (answered 500), yet BCE saw %d BatchAddPrivateIP requests", n)
 	}
 }

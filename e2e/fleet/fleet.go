@@ -145,7 +145,7 @@ func (f *Fleet) start(ctx context.Context) error {
 			return fmt.Errorf("fleet: %w", err)
 		}
 		f.Config, f.Kubeconfig = cp.Config, cp.Kubeconfig
-		if sharded {
+		if sharded && hasFlag(filepath.Join(o.BinDir, "cce-ipam"), "--shard-fencing-policy") {
 			// The chart's wep fencing policy; the replicas run as the user
 			// it fences (through the netns proxy they keep the admin's
 			// token, which the policy does not check).
@@ -256,6 +256,13 @@ func shardingFlags(bin string) (bool, error) {
 		return false, fmt.Errorf("fleet: %s --help: %w", bin, err)
 	}
 	return strings.Contains(string(out), "--memberlist-bind-addr"), nil
+}
+
+// hasFlag reports whether the binary's --help lists the flag (an older
+// bin/cce-ipam may not have it yet).
+func hasFlag(bin, flag string) bool {
+	out, _ := exec.Command(bin, "--help").CombinedOutput()
+	return strings.Contains(string(out), flag)
 }
 
 func writeKey(dir, name string) (string, error) {

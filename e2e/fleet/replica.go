@@ -160,8 +160,10 @@ func (r *Replica) args() []string {
 			"--memberlist-name-prefix", fmt.Sprintf("%s-r%d", o.Name, r.index),
 			"--memberlist-grpc-advertise-addr", r.grpcAddr,
 			"--namespace", o.LeaseNamespace,
-			"--shard-forward-key-file", f.forwardKey,
-			"--shard-fencing-policy", f.fencingPolicy)
+			"--shard-forward-key-file", f.forwardKey)
+		if f.fencingPolicy != "" {
+			a = append(a, "--shard-fencing-policy", f.fencingPolicy)
+		}
 		for _, peer := range f.Replicas() {
 			if peer != r && !peer.Removed() {
 				a = append(a, "--memberlist-join", peer.GossipAddr())

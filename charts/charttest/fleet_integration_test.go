@@ -129,6 +129,13 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 				return httpStatus("http://" + r.metricsAddr + "/readyz")
 			})
 		}
+		// The chart's fencing policy is in place, and the replicas see it.
+		for _, r := range replicas {
+			body, err := httpGet("http://" + r.metricsAddr + "/shard/status")
+			if err != nil || !strings.Contains(strings.ReplaceAll(body, " ", ""), `"fencingPolicy":"ok"`) {
+				t.Errorf("%s /shard/status does not report the fencing policy in place: %v %s", r.proc.name, err, body)
+			}
+		}
 	})
 	if t.Failed() {
 		t.FailNow()
@@ -315,6 +322,37 @@ func applyRBACAndGetKubeconfig(t *testing.T, ctx context.Context, ns string, obj
 		if kind == "ServiceAccount" {
 			sa = o.GetName()
 		}
+	}
+	// The wep fencing policies and their bindings (cluster-scoped): the
+	// replicas' wep writes go through them.
+	applied := 0
+	for _, o := range objs {
+		kind := o.GetKind()
+		if kind != "ValidatingAdmissionPolicy" && kind != "ValidatingAdmissionPolicyBinding" {
+			continue
+		}
+		m, err := mapper.RESTMapping(o.GroupVersionKind().GroupKind(), o.GroupVersionKind().Version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ri := dyn.Resource(m.Resource)
+		data, err := json.Marshal(o.Object)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ri.Patch(ctx, o.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{FieldManager: "charttest", Force: new(true)}); err != nil {
+			t.Fatalf("apply %s %s: %v", kind, o.GetName(), err)
+		}
+		name := o.GetName()
+		t.Cleanup(func() {
+			if err := ri.Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("delete %s %s: %v", kind, name, err)
+			}
+		})
+		applied++
+	}
+	if applied == 0 {
+		t.Fatal("the render has no wep fencing policy")
 	}
 	if d := deployment(t, objs); d.Spec.Template.Spec.ServiceAccountName != sa {
 		t.Fatalf("pods run as %q, the chart's ServiceAccount is %q", d.Spec.Template.Spec.ServiceAccountName, sa)

@@ -217,6 +217,50 @@ func TestChaos(t *testing.T) {
 	suite.StartChurn(t, f, churn, seed)
 
 	var faults faultLog
+	forceDeleted := 0
+	// The result is printed however the run ends, a fatal fault included.
+	var (
+		settleStart time.Time
+		pods        []corev1.Pod
+		final       invariants.Violations
+		i5          invariants.Violations
+		i5Done      bool
+	)
+	defer func() {
+		stopChecks()
+		checkWG.Wait()
+		stats := churn.Stop()
+		ks := f.Kubelet().Stats()
+		st, _ := f.SimStats(context.Background())
+		if !i5Done {
+			_ = readCalls(context.Background())
+			i5 = calls.Budget(chaosStart, time.Now(), budget)
+		}
+		busiestAt, busiest := calls.Busiest(chaosStart, time.Now())
+		secs, inRun := calls.Seconds(chaosStart, time.Now())
+		vmu.Lock()
+		defer vmu.Unlock()
+		byKind := map[invariants.Kind]int{}
+		for _, vs := range []invariants.Violations{violations, final, i5} {
+			for k, n := range vs.Kinds() {
+				byKind[k] += n
+			}
+		}
+		gcReleased := 0
+		for _, r := range f.Replicas() {
+			if data, err := os.ReadFile(r.LogPath()); err == nil {
+				gcReleased += strings.Count(string(data), "gc: released")
+			}
+		}
+		t.Logf("CHAOS RESULT seed=%d duration=%s: pods churned: %s, %d force-deleted (gc-drain), %s; GC released %d IPs; %d pods Running at the end; "+
+			"injected %s; checks during chaos: %d (%d could not read); violations during chaos: %d, at the end: %d, I5: %d (by kind: %v); "+
+			"settled: %v after %s; I5 at bce-sim: %d calls in %d s, busiest second %d calls (at %s), budget rate+burst %d; "+
+			"kubelet-sim: %d allocations, %d failed and retried, allocate p50 %s p99 %s; bce-sim: %d calls, %d throttled",
+			seed, duration, stats, forceDeleted, fixed, gcReleased, len(pods), faults.String(), checks, checkErrs, len(violations), len(final), len(i5), byKind,
+			!t.Failed() && !settleStart.IsZero(), since(settleStart), inRun, secs, busiest,
+			time.Unix(busiestAt, 0).UTC().Format(time.TimeOnly), budget,
+			ks.Allocations, ks.AllocationErrors, ks.AllocateLatency.P50, ks.AllocateLatency.P99, st.All.Calls, st.All.Throttled)
+	}()
 	replicas := f.Live()
 	pick := func() *fleet.Replica { return replicas[rng.IntN(len(replicas))] }
 	hold := func(lo, hi time.Duration) time.Duration {
@@ -228,7 +272,6 @@ func TestChaos(t *testing.T) {
 		case <-time.After(d):
 		}
 	}
-	forceDeleted := 0
 	kinds := []string{"kill", "kill", "pause", "bce-sim", "429", "apiserver", "partition",
 		"lag-handover", "5xx-storm", "sts-move", "gc-drain", "quiet"}
 	end := time.Now().Add(duration)
@@ -417,11 +460,28 @@ func TestChaos(t *testing.T) {
 			// leaving replica and on the takers.
 			r := pick()
 			away := hold(time.Second, 5*time.Second)
-			mine := map[string]bool{}
+			// The replica that leaves is one that holds nodes (the drawn
+			// one unless it holds none, e.g. just back from a fault).
+			held := map[int][]string{}
 			for _, n := range f.Nodes() {
-				if i, err := f.NodeOwner(ctx, n); err == nil && i == r.Index() {
-					mine[n] = true
+				if i, err := f.NodeOwner(ctx, n); err == nil {
+					held[i] = append(held[i], n)
 				}
+			}
+			if len(held[r.Index()]) == 0 {
+				var holders []*fleet.Replica
+				for _, x := range replicas {
+					if len(held[x.Index()]) > 0 {
+						holders = append(holders, x)
+					}
+				}
+				if len(holders) > 0 {
+					r = holders[sub.IntN(len(holders))]
+				}
+			}
+			mine := map[string]bool{}
+			for _, n := range held[r.Index()] {
+				mine[n] = true
 			}
 			var victims []string
 			if list, err := f.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: suite.ChurnLabel}); err == nil {
@@ -488,49 +548,7 @@ func TestChaos(t *testing.T) {
 	if err := fixed.scale(ctx, fixedReplicas); err != nil {
 		t.Fatal(err)
 	}
-	// The result is printed however the settling ends.
-	settleStart := time.Now()
-	var (
-		pods   []corev1.Pod
-		final  invariants.Violations
-		i5     invariants.Violations
-		i5Done bool
-	)
-	defer func() {
-		stopChecks()
-		checkWG.Wait()
-		stats := churn.Stop()
-		ks := f.Kubelet().Stats()
-		st, _ := f.SimStats(context.Background())
-		if !i5Done {
-			_ = readCalls(context.Background())
-			i5 = calls.Budget(chaosStart, time.Now(), budget)
-		}
-		busiestAt, busiest := calls.Busiest(chaosStart, time.Now())
-		secs, inRun := calls.Seconds(chaosStart, time.Now())
-		vmu.Lock()
-		defer vmu.Unlock()
-		byKind := map[invariants.Kind]int{}
-		for _, vs := range []invariants.Violations{violations, final, i5} {
-			for k, n := range vs.Kinds() {
-				byKind[k] += n
-			}
-		}
-		gcReleased := 0
-		for _, r := range f.Replicas() {
-			if data, err := os.ReadFile(r.LogPath()); err == nil {
-				gcReleased += strings.Count(string(data), "gc: released")
-			}
-		}
-		t.Logf("CHAOS RESULT seed=%d duration=%s: pods churned: %s, %d force-deleted (gc-drain), %s; GC released %d IPs; %d pods Running at the end; "+
-			"injected %s; checks during chaos: %d (%d could not read); violations during chaos: %d, at the end: %d, I5: %d (by kind: %v); "+
-			"settled: %v after %s; I5 at bce-sim: %d calls in %d s, busiest second %d calls (at %s), budget rate+burst %d; "+
-			"kubelet-sim: %d allocations, %d failed and retried, allocate p50 %s p99 %s; bce-sim: %d calls, %d throttled",
-			seed, duration, stats, forceDeleted, fixed, gcReleased, len(pods), faults.String(), checks, checkErrs, len(violations), len(final), len(i5), byKind,
-			!t.Failed(), time.Since(settleStart).Round(time.Second), inRun, secs, busiest,
-			time.Unix(busiestAt, 0).UTC().Format(time.TimeOnly), budget,
-			ks.Allocations, ks.AllocationErrors, ks.AllocateLatency.P50, ks.AllocateLatency.P99, st.All.Calls, st.All.Throttled)
-	}()
+	settleStart = time.Now()
 	// Every node must have an owner again within a few lease periods; three
 	// minutes is generous on a loaded machine.
 	sctx, scancel := context.WithTimeout(ctx, 3*time.Minute)
@@ -664,4 +682,11 @@ func explain(ctx context.Context, t *testing.T, f *fleet.Fleet, v invariants.Vio
 		}
 	}
 	t.Logf("evidence %s: in bce-sim now on %v", v.IP, where)
+}
+
+func since(t time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return time.Since(t).Round(time.Second)
 }

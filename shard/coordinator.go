@@ -713,7 +713,9 @@ func (c *Coordinator) claimIO(ctx context.Context, p int, claim Claim) (bool, Cl
 			}
 			return false, Claim{}, ""
 		}
-		return true, Claim{Holder: c.self, Version: l.ResourceVersion, Epoch: 1}, reason
+		won := Claim{Holder: c.self, Version: l.ResourceVersion, Epoch: 1}
+		c.awaitFence(ctx, p, Claim{}, won)
+		return true, won, reason
 	}
 	// Every claim CAS moves the epoch on, a reclaim of our own claim after
 	// a lapse too: writes sent under the old token are refused from here on.
@@ -730,12 +732,12 @@ func (c *Coordinator) claimIO(ctx context.Context, p int, claim Claim) (bool, Cl
 		}
 		return false, Claim{}, ""
 	}
-	if claim.Holder != "" {
-		// The old holder may still have writes in flight: serve only once
-		// the API server's fencing policy refuses its token.
-		c.awaitFence(ctx, p, claim)
-	}
-	return true, Claim{Holder: c.self, Version: l.ResourceVersion, Epoch: epoch}, reason
+	won := Claim{Holder: c.self, Version: l.ResourceVersion, Epoch: epoch}
+	// Serve only once the API server's fencing policy has seen the CAS:
+	// it then refuses the old holder's writes still in flight, and accepts
+	// ours.
+	c.awaitFence(ctx, p, claim, won)
+	return true, won, reason
 }
 
 // release CASes a drained partition's claim to nobody; on a conflict it

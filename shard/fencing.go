@@ -44,25 +44,30 @@ func (c *Coordinator) FenceToken(node string) (ipam.FenceToken, time.Time, error
 // fencing policy to refuse the old holder's token before serving anyway.
 const fenceCatchUpMax = 10 * time.Second
 
-// awaitFence runs after a claim CAS that replaced old (another holder's, or
-// ours from before a lapse): the policy reads the claims from the API
-// server's own informer, which may not have seen the CAS yet, and would
-// then still accept the old holder's writes. It returns once a dry-run
-// write under the old token is refused (or after fenceCatchUpMax). Nothing
-// to wait for without the policy.
-func (c *Coordinator) awaitFence(ctx context.Context, p int, old Claim) {
+// awaitFence runs after a claim CAS that replaced old with won. The policy
+// reads the claims from the API server's own informer, which may not have
+// seen the CAS yet: it would then still accept the old holder's writes (a
+// takeover, or our own from before a lapse), and refuse ours. It returns
+// once a dry-run write shows the informer has caught up: under the old
+// holder's token it is refused, or, when the claim was free, under ours it is
+// accepted (the informer delivers in order, so either proves the CAS is
+// seen). At most fenceCatchUpMax; nothing to wait for without the policy.
+func (c *Coordinator) awaitFence(ctx context.Context, p int, old, won Claim) {
 	c.mu.Lock()
 	present := c.policyPresent
 	c.mu.Unlock()
 	if c.fenceProbe == nil || !present {
 		return
 	}
-	tok := ipam.FenceToken{Partition: p, Holder: old.Holder, Epoch: old.Epoch}
+	tok, wantRefused := ipam.FenceToken{Partition: p, Holder: old.Holder, Epoch: old.Epoch}, true
+	if old.Holder == "" {
+		tok, wantRefused = ipam.FenceToken{Partition: p, Holder: won.Holder, Epoch: won.Epoch}, false
+	}
 	start := c.clock.Now()
 	var lastErr error
 	for probes := 1; ; probes++ {
 		refused, err := c.fenceProbe(ctx, tok)
-		if refused {
+		if err == nil && refused == wantRefused {
 			took := c.clock.Since(start)
 			c.metrics.fenceCatchUp.Observe(took.Seconds())
 			if probes > 1 {
@@ -73,8 +78,8 @@ func (c *Coordinator) awaitFence(ctx context.Context, p int, old Claim) {
 		lastErr = err
 		if c.clock.Since(start) >= fenceCatchUpMax || ctx.Err() != nil {
 			c.metrics.fenceCatchUp.Observe(c.clock.Since(start).Seconds())
-			c.log.Warn("the API server's fencing policy still accepts the old holder's token; serving anyway",
-				"partition", p, "old", tok.String(), "waited", c.clock.Since(start), "err", lastErr)
+			c.log.Warn("the API server's fencing policy has not caught up with the claim; serving anyway",
+				"partition", p, "probe", tok.String(), "want_refused", wantRefused, "waited", c.clock.Since(start), "err", lastErr)
 			return
 		}
 		select {

@@ -174,6 +174,11 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 	leaseCfg := ownConnection(restCfg)
 	leaseCfg.QPS, leaseCfg.Burst = 100, 300
 	leaseKube := kubernetes.NewForConfigOrDie(leaseCfg)
+	// A claim's dry-run fencing probes (shard.Deps.FenceProbe) as well: a
+	// cold start's 271 must not queue behind, or delay, CNI calls.
+	probeCfg := ownConnection(restCfg)
+	probeCfg.QPS, probeCfg.Burst = 100, 300
+	probeCCE := cceclient.NewForConfigOrDie(probeCfg)
 	watchCfg := ownConnection(restCfg)
 	watchCfg.QPS, watchCfg.Burst = o.watchQPS, o.watchBurst
 	// Pods travel as protobuf (smaller and cheaper to decode).
@@ -203,7 +208,7 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 			return names
 		},
 		FenceProbe: func(ctx context.Context, tok ipam.FenceToken) (bool, error) {
-			return core.ProbeFence(ctx, o.shard.Namespace, "cce-ipam-fence-probe", tok)
+			return ipam.ProbeFence(ctx, probeCCE, time.Now(), o.shard.Namespace, "cce-ipam-fence-probe", tok)
 		},
 	}, log.With("component", "shard"), reg)
 	if err != nil {

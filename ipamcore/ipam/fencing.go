@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 )
 
 // Fencing tokens on weps (issue #19, finding 4). Every wep a replica writes
@@ -129,6 +130,12 @@ func (i *IPAM) deleteWEP(ctx context.Context, wep *cce.WorkloadEndpoint) error {
 // Create, which runs admission but stores nothing, of a wep named after the
 // partition in namespace. refused is true when admission denied it.
 func (i *IPAM) ProbeFence(ctx context.Context, namespace, node string, tok FenceToken) (refused bool, err error) {
+	return ProbeFence(ctx, i.deps.CCE, i.deps.Clock.Now(), namespace, node, tok)
+}
+
+// ProbeFence is IPAM.ProbeFence with a client of the caller's (a takeover's
+// probes then do not spend the CNI path's client-side rate limit).
+func ProbeFence(ctx context.Context, client cceclient.Interface, now time.Time, namespace, node string, tok FenceToken) (refused bool, err error) {
 	w := &cce.WorkloadEndpoint{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      fmt.Sprintf("cce-ipam-fence-probe-%d", tok.Partition),
@@ -136,11 +143,11 @@ func (i *IPAM) ProbeFence(ctx context.Context, namespace, node string, tok Fence
 		},
 		Spec: cce.WorkloadEndpointSpec{
 			ContainerID: "fence-probe", IP: "127.0.0.1", Type: cce.WorkloadEndpointTypePod, Node: node,
-			UpdateAt: metav1.NewTime(i.deps.Clock.Now()),
+			UpdateAt: metav1.NewTime(now),
 		},
 	}
 	tok.Stamp(w)
-	_, err = i.deps.CCE.CceV1alpha1().WorkloadEndpoints(namespace).Create(ctx, w, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	_, err = client.CceV1alpha1().WorkloadEndpoints(namespace).Create(ctx, w, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	switch {
 	case err == nil, apierrors.IsAlreadyExists(err):
 		return false, nil

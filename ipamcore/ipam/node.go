@@ -48,6 +48,7 @@ type node struct {
 	// takenOverUntil: until then the addresses the takeover found wait for
 	// their settling read and cooling, and waiting pods get fresh ones.
 	takenOverUntil time.Time
+	takenOverAt    time.Time // the start of the takeover that built this node
 	eniBackoff     time.Duration // after a failed ENI creation
 	eniRetryAt     time.Time
 	returns        map[string][]netip.Addr
@@ -186,7 +187,7 @@ func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][
 		i.log.Warn("conflict while rebuilding node; address held out of the pool", "node", name, "conflict", c.String())
 	}
 	n := newNode(name, instanceID, capacity)
-	n.takenOverUntil = start.Add(max(i.cfg.ReadLag, i.cfg.Cooldown))
+	n.takenOverAt, n.takenOverUntil = start, start.Add(max(i.cfg.ReadLag, i.cfg.Cooldown))
 	return n, nil
 }
 

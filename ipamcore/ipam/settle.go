@@ -34,7 +34,9 @@ func (i *IPAM) settleTakeover(ctx context.Context, names []string, start time.Ti
 		instances := map[string]bool{}
 		var nodes []*node
 		for _, name := range names {
-			if n, ok := i.node(name); ok {
+			// A node stopped and served again since is another takeover's
+			// to settle: this read may be too early for it.
+			if n, ok := i.node(name); ok && n.takenOverAt.Equal(start) {
 				nodes = append(nodes, n)
 				instances[n.instanceID] = true
 			}

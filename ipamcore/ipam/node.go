@@ -48,7 +48,7 @@ type node struct {
 	// takenOverUntil: until then the addresses the takeover found wait for
 	// their settling read and cooling, and waiting pods get fresh ones.
 	takenOverUntil time.Time
-	takenOverAt    time.Time // the start of the takeover that built this node
+	takenOverAt    time.Time     // the start of the takeover that built this node
 	eniBackoff     time.Duration // after a failed ENI creation
 	eniRetryAt     time.Time
 	returns        map[string][]netip.Addr

@@ -32,9 +32,14 @@ func NewLimiter(rate float64, burst int64) (*Limiter, error) {
 	return &Limiter{bucket: ratelimit.NewBucketWithRate(rate, burst), rate: rate, burst: burst}, nil
 }
 
+// MinRate is the slowest rate a Limiter takes (one call per ~17 minutes).
+// The token bucket cannot represent much slower ones (it panics), and a
+// share computed as a difference of sums can leave a residue like 7e-15.
+const MinRate = 1e-3
+
 func checkRate(rate float64, burst int64) error {
-	if !(rate > 0) || math.IsInf(rate, 0) || rate > 1e9 || burst < 1 {
-		return fmt.Errorf("rate limit %v/s burst %d: want 0 < rate <= 1e9 and burst >= 1", rate, burst)
+	if !(rate >= MinRate) || math.IsInf(rate, 0) || rate > 1e9 || burst < 1 {
+		return fmt.Errorf("rate limit %v/s burst %d: want %v <= rate <= 1e9 and burst >= 1", rate, burst, MinRate)
 	}
 	return nil
 }

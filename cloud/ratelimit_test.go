@@ -56,4 +56,29 @@ func TestLimiter_RejectsBadRates(t *testing.T) {
 	if err := l.SetRate(0, 1); err == nil {
 		t.Error("SetRate(0, 1) accepted")
 	}
+	// The residue of a budget share computed as 50 - (16.67 + 33.33): the
+	// token bucket library panics on it ("cannot find suitable quantum"),
+	// which took a replica down in the chaos suite.
+	if err := l.SetRate(7.105427357601002e-15, 1); err == nil {
+		t.Error("SetRate(7.1e-15, 1) accepted")
+	}
+	if _, err := NewLimiter(1e-12, 1); err == nil {
+		t.Error("NewLimiter(1e-12, 1) accepted")
+	}
+}
+
+// FuzzLimiterRate: any rate and burst is an error or a working limiter,
+// never a panic.
+func FuzzLimiterRate(f *testing.F) {
+	f.Add(7.105427357601002e-15, int64(1))
+	f.Add(1.0, int64(1))
+	f.Add(1e9, int64(1<<40))
+	f.Fuzz(func(t *testing.T, rate float64, burst int64) {
+		l, err := NewLimiter(1, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = l.SetRate(rate, burst)
+		_, _ = NewLimiter(rate, burst)
+	})
 }

@@ -13,6 +13,8 @@ import (
 	coordv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cce-ipam/sharded/cloud"
 )
 
 // The cloud budget split (I5). The cluster-wide rate and burst are divided
@@ -293,7 +295,9 @@ func (b *budget) adjust(ctx context.Context) {
 				Burst: max(0, min(want.Burst, b.global.Burst-others.Burst)),
 				Busy:  busy,
 			}
-			if got.Burst < 1 || got.Rate <= cur.Rate {
+			// A residue of float sums (50 - (16.67 + 33.33) = 7e-15) is no
+			// headroom: no limiter can run that slowly.
+			if got.Burst < 1 || got.Rate <= cur.Rate || got.Rate < cloud.MinRate {
 				got = cur // no headroom yet: keep what we have, say we want more
 				got.Busy = busy
 				if !granted {

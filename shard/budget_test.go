@@ -13,6 +13,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/cce-ipam/sharded/cloud"
 )
 
 // The budget tests drive one replica's budget by hand (observe, then
@@ -276,4 +278,30 @@ func TestBudget_InvalidSharesAreIgnored(t *testing.T) {
 			t.Errorf("validShare(%+v) = false", s)
 		}
 	}
+}
+
+// The others' shares sum to a hair below the budget (float residue): r0's
+// headroom is 1.8e-15/s. No limiter can run that slowly (the token bucket
+// library panicked on it and took a replica down in the chaos suite): r0
+// must treat it as no headroom, not set it.
+func TestBudget_FloatResidueIsNoHeadroom(t *testing.T) {
+	e := newBudgetEnv(t, false)
+	lim, err := cloud.NewLimiter(1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c.budget.setter = lim
+	e.peer("r1")
+	e.peer("r2")
+	e.sees("r1", "7", 0)
+	e.sees("r2", "7", 0)
+	e.putShares(`{"r1":{"rate":3.333333333333333,"burst":2,"busy":true},"r2":{"rate":6.666666666666665,"burst":2,"busy":true}}`)
+	e.adjust(nil, "r0", "r1", "r2")
+	if s := e.c.Budget(); e.c.budget.held() && s.Rate < cloud.MinRate {
+		t.Fatalf("r0 holds a share of %v/s", s.Rate)
+	}
+	if rate, _ := lim.Rate(); rate != 1 {
+		t.Fatalf("r0's limiter was set to %v/s", rate)
+	}
+	e.checkSum("after the raise")
 }

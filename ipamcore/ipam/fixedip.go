@@ -87,6 +87,12 @@ func (i *IPAM) takeFixedIP(ctx context.Context, n *node, owner datastore.Owner) 
 			if errors.Is(err, cloud.ErrPrivateIPInUse) {
 				break // taken by someone else: no ENI will get it
 			}
+			if cloud.ClassOf(err).Retryable() || errors.Is(err, cloud.ErrFenced) {
+				// Throttling, a 5xx, a broken connection, a hand-over: the
+				// address is still the pod's to take. Fail this ADD (kubelet
+				// retries) rather than give the pod a new IP for good.
+				return datastore.IPInfo{}, subnet, false, fmt.Errorf("re-add fixed IP %s on %s (retry): %w", addr, e.ID, err)
+			}
 			continue
 		}
 		if len(added) != 1 || added[0] != addr.String() {

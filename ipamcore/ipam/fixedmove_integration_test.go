@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/cce-ipam/sharded/cloud/bcesim"
 	"github.com/cce-ipam/sharded/ipamcore/cni"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
@@ -175,4 +176,42 @@ func runIPAMWith(t *testing.T, e *env, deps ipam.Deps) *ipam.IPAM {
 		}
 	})
 	return ip
+}
+
+// A fixed IP whose re-add on the new node fails for a passing reason (BCE
+// throttling or a 5xx storm) stays the pod's: the ADD fails with a retryable
+// error and the next one re-adds it, rather than giving the pod a new IP
+// (found by the chaos suite: a 429 at the re-add cost a pod its address).
+func TestIPAM_FixedIPSurvivesATransientReAddFailure(t *testing.T) {
+	e := newEnv(t, "fxretry", 2, ipam.Config{IdleMin: 2, IdleMax: 6, PoolCheckPeriod: 200 * time.Millisecond})
+	sts := e.createStatefulSet("rt", 1)
+	p := e.createStsPod(sts, 0, e.nodes[0], "", "c-1")
+	r, err := e.allocate(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed := r.IP
+	if rr, err := e.release(p); err != nil || !rr.IsSuccess {
+		t.Fatalf("DEL = %v, %v", rr, err)
+	}
+	e.deletePod(p.name)
+	eventually(t, 15*time.Second, "an idle address on the new node", func() bool { return e.stats(e.nodes[1]).Idle >= 1 })
+	p = e.createStsPod(sts, 0, e.nodes[1], "", "c-2")
+	if err := e.sim.SetFaults(bcesim.Faults{ErrorRate: map[bcesim.Op]float64{bcesim.OpBatchAddPrivateIP: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.allocateTries(p, 0)
+	if err == nil && got.IP != fixed {
+		t.Fatalf("during a 5xx storm the pod got a new IP %s instead of its fixed %s", got.IP, fixed)
+	}
+	if err := e.sim.SetFaults(bcesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = e.allocate(p); err != nil || got.IP != fixed {
+		t.Fatalf("after the storm got %v, %v; want the fixed %s", got, err, fixed)
+	}
+	if !e.cloudIPs()[e.instance[e.nodes[1]]][fixed] {
+		t.Fatalf("bce-sim does not show %s on the new node", fixed)
+	}
+	e.checkNoLeak()
 }

@@ -286,6 +286,11 @@ func (s *Store) RemoveIP(node string, addr netip.Addr) (IPInfo, error) {
 		return IPInfo{}, err
 	}
 	defer sl.mu.Unlock()
+	return s.removeLocked(sl, a)
+}
+
+// removeLocked forgets an address of the locked slot, index included.
+func (s *Store) removeLocked(sl *slot, a netip.Addr) (IPInfo, error) {
 	info, err := sl.n.removeIP(a)
 	if err != nil {
 		return IPInfo{}, err
@@ -413,21 +418,13 @@ func (s *Store) Unhold(node string, addr netip.Addr, o *Owner, now time.Time) (I
 // Idle and held addresses are held (or stay held) as well; an address
 // assigned to another pod is refused with ErrPodHasIP.
 func (s *Store) Surrender(node string, addr netip.Addr, pod PodKey) (IPInfo, error) {
-	a, err := checkAddr(addr)
-	if err != nil {
-		return IPInfo{}, fmt.Errorf("node %s: %w", node, err)
-	}
-	sl, err := s.lock(node)
+	sl, r, err := s.lockRecord(node, addr)
 	if err != nil {
 		return IPInfo{}, err
 	}
 	defer sl.mu.Unlock()
-	r, ok := sl.n.ips[a]
-	if !ok {
-		return IPInfo{}, fmt.Errorf("node %s: ip %s: %w", node, a, ErrUnknownIP)
-	}
 	if r.state == StateAssigned && r.owner.Pod() != pod {
-		return IPInfo{}, fmt.Errorf("node %s: ip %s belongs to %s, not %s: %w", node, a, r.owner, pod, ErrPodHasIP)
+		return IPInfo{}, fmt.Errorf("node %s: ip %s belongs to %s, not %s: %w", node, r.addr, r.owner, pod, ErrPodHasIP)
 	}
 	sl.n.leave(r)
 	sl.n.enterHeld(r, HoldReleasing)
@@ -438,22 +435,11 @@ func (s *Store) Surrender(node string, addr netip.Addr, pod PodKey) (IPInfo, err
 // unclear outcome, and only a later read can tell whether the ENI still has
 // it (see Settle).
 func (s *Store) Unsettle(node string, addr netip.Addr) error {
-	a, err := checkAddr(addr)
-	if err != nil {
-		return fmt.Errorf("node %s: %w", node, err)
-	}
-	sl, err := s.lock(node)
+	sl, r, err := s.lockHeld(node, addr)
 	if err != nil {
 		return err
 	}
 	defer sl.mu.Unlock()
-	r, ok := sl.n.ips[a]
-	if !ok {
-		return fmt.Errorf("node %s: ip %s: %w", node, a, ErrUnknownIP)
-	}
-	if r.state != StateHeld {
-		return fmt.Errorf("node %s: ip %s is %s: %w", node, a, r.state, ErrNotHeld)
-	}
 	r.hold = HoldUnsettled
 	return nil
 }
@@ -465,40 +451,52 @@ func (s *Store) Unsettle(node string, addr netip.Addr) error {
 // late enough that the cloud's read lag cannot hide the write in question.
 // Assigned and idle addresses are not changed (ErrNotHeld).
 func (s *Store) Settle(node string, addr netip.Addr, present bool, coolFrom time.Time) (IPInfo, error) {
-	a, err := checkAddr(addr)
-	if err != nil {
-		return IPInfo{}, fmt.Errorf("node %s: %w", node, err)
-	}
-	sl, err := s.lock(node)
+	sl, r, err := s.lockHeld(node, addr)
 	if err != nil {
 		return IPInfo{}, err
 	}
 	defer sl.mu.Unlock()
+	if !present {
+		return s.removeLocked(sl, r.addr)
+	}
+	if r.crossSubnet {
+		return IPInfo{}, invalidf("node %s: cross-subnet ip %s cannot become idle; assign or remove it", node, r.addr)
+	}
+	sl.n.leave(r)
+	sl.n.enterIdle(r, coolFrom, sl.n.cooldown)
+	return sl.n.info(r), nil
+}
+
+// lockRecord locks the node's slot and finds the address's record; on
+// success the caller must unlock sl.mu.
+func (s *Store) lockRecord(node string, addr netip.Addr) (*slot, *ipRecord, error) {
+	a, err := checkAddr(addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("node %s: %w", node, err)
+	}
+	sl, err := s.lock(node)
+	if err != nil {
+		return nil, nil, err
+	}
 	r, ok := sl.n.ips[a]
 	if !ok {
-		return IPInfo{}, fmt.Errorf("node %s: ip %s: %w", node, a, ErrUnknownIP)
+		sl.mu.Unlock()
+		return nil, nil, fmt.Errorf("node %s: ip %s: %w", node, a, ErrUnknownIP)
+	}
+	return sl, r, nil
+}
+
+// lockHeld is lockRecord for an address that must be held (ErrNotHeld).
+func (s *Store) lockHeld(node string, addr netip.Addr) (*slot, *ipRecord, error) {
+	sl, r, err := s.lockRecord(node, addr)
+	if err != nil {
+		return nil, nil, err
 	}
 	if r.state != StateHeld {
-		return IPInfo{}, fmt.Errorf("node %s: ip %s is %s: %w", node, a, r.state, ErrNotHeld)
+		sl.mu.Unlock()
+		return nil, nil, fmt.Errorf("node %s: ip %s is %s: %w", node, r.addr, r.state, ErrNotHeld)
 	}
-	if present {
-		if r.crossSubnet {
-			return IPInfo{}, invalidf("node %s: cross-subnet ip %s cannot become idle; assign or remove it", node, a)
-		}
-		sl.n.leave(r)
-		sl.n.enterIdle(r, coolFrom, sl.n.cooldown)
-		return sl.n.info(r), nil
-	}
-	info, err := sl.n.removeIP(a)
-	if err != nil {
-		return IPInfo{}, err
-	}
-	s.idxMu.Lock()
-	if s.ipOwner[a] == sl {
-		delete(s.ipOwner, a)
-	}
-	s.idxMu.Unlock()
-	return info, nil
+	return sl, r, nil
 }
 
 // Stats counts the node's addresses; now decides which idle ones are

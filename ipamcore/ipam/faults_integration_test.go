@@ -5,7 +5,6 @@ package ipam_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cce-ipam/sharded/cloud"
@@ -256,20 +254,7 @@ func TestIPAM_SyncDropsVanishedENIAfterTwoMisses(t *testing.T) {
 // cloud, stopped when the test ends.
 func runOwnIPAM(t *testing.T, e *env, c cloud.Provider) (*ipam.IPAM, context.Context) {
 	t.Helper()
-	ip, err := ipam.New(e.cfg, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: c}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(e.ctx)
-	runErr := make(chan error, 1)
-	go func() { runErr <- ip.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-runErr; err != nil {
-			t.Errorf("ipam Run: %v", err)
-		}
-	})
-	return ip, ctx
+	return runIPAMWith(t, e, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: c})
 }
 
 // listRecorder is the real cloud client, remembering which instances the

@@ -147,8 +147,8 @@ func TestIPAM_FixedIPMovesAcrossReplicas(t *testing.T) {
 func runMovers(t *testing.T, e *env) (*ipam.IPAM, *ipam.IPAM) {
 	t.Helper()
 	var toA, toB peerMover
-	a := runIPAMWith(t, e, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: e.cloud, FixedIPMover: &toB})
-	b := runIPAMWith(t, e, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: e.cloud, FixedIPMover: &toA})
+	a, _ := runIPAMWith(t, e, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: e.cloud, FixedIPMover: &toB})
+	b, _ := runIPAMWith(t, e, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: e.cloud, FixedIPMover: &toA})
 	toA.peer.Store(a)
 	toB.peer.Store(b)
 	return a, b
@@ -160,7 +160,9 @@ func (m *peerMover) FreeMovedIP(ctx context.Context, node, namespace, name strin
 	return m.peer.Load().FreeMovedIP(ctx, node, namespace, name, addr, eniID)
 }
 
-func runIPAMWith(t *testing.T, e *env, deps ipam.Deps) *ipam.IPAM {
+// runIPAMWith runs an IPAM of the env's config with deps until the test
+// ends; ctx ends with it.
+func runIPAMWith(t *testing.T, e *env, deps ipam.Deps) (*ipam.IPAM, context.Context) {
 	t.Helper()
 	ip, err := ipam.New(e.cfg, deps, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
@@ -175,7 +177,7 @@ func runIPAMWith(t *testing.T, e *env, deps ipam.Deps) *ipam.IPAM {
 			t.Errorf("ipam Run: %v", err)
 		}
 	})
-	return ip
+	return ip, ctx
 }
 
 // A fixed IP whose re-add on the new node fails for a passing reason (BCE

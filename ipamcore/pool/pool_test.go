@@ -349,21 +349,7 @@ func TestStateFromSnapshot(t *testing.T) {
 // for growing, so that waiting for the read does not grow the pool, but is
 // never a trim candidate.
 func TestStateFromSnapshot_UnsettledCountsAsIdleNotTrimmable(t *testing.T) {
-	s, err := datastore.New(datastore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = s.Restore("n", datastore.RestoreInput{Unsettled: true, ENIs: []datastore.RestoreENI{{
-		ENI: datastore.ENI{ID: "a", SubnetID: "s1", PrimaryIP: netip.MustParseAddr("10.0.0.1"), Capacity: 8},
-		IPs: []netip.Addr{netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("10.0.0.11")},
-	}}}, t0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap, err := s.Snapshot("n")
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := restoredSnapshot(t, datastore.RestoreInput{Unsettled: true})
 	st := StateFromSnapshot(snap, nil)
 	if st.Idle() != 2 || len(st.IdleIPs) != 0 {
 		t.Fatalf("state = %+v, want 2 idle for planning and no trim candidate", st)
@@ -376,22 +362,8 @@ func TestStateFromSnapshot_UnsettledCountsAsIdleNotTrimmable(t *testing.T) {
 // UsableNow counts only what an allocation could take now: a node just taken
 // over grows for its waiting pods instead of waiting for cooling and settling.
 func TestUsableNow_CountsOnlyReadyIdle(t *testing.T) {
-	s, err := datastore.New(datastore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// 10.0.0.10 and .11 cool from t0 (a takeover), .12 is unsettled.
-	_, err = s.Restore("n", datastore.RestoreInput{CoolFrom: t0, ENIs: []datastore.RestoreENI{{
-		ENI: datastore.ENI{ID: "a", SubnetID: "s1", PrimaryIP: netip.MustParseAddr("10.0.0.1"), Capacity: 8},
-		IPs: []netip.Addr{netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("10.0.0.11")},
-	}}}, t0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap, err := s.Snapshot("n")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// 10.0.0.10 and .11 cool from t0 (a takeover).
+	snap := restoredSnapshot(t, datastore.RestoreInput{CoolFrom: t0})
 	st := StateFromSnapshot(snap, nil)
 	st.Waiting = 1
 	cfg := Config{MinIdle: 2, MaxIdle: 4, Batch: 1, TrimBatch: 10}
@@ -409,4 +381,26 @@ func TestUsableNow_CountsOnlyReadyIdle(t *testing.T) {
 	if later := UsableNow(st, snap, t0.Add(datastore.DefaultCooldown)); later.Idle() != 2 {
 		t.Fatalf("after the cooling, usable = %d, want 2", later.Idle())
 	}
+}
+
+// restoredSnapshot is the snapshot of node "n" restored at t0 from in plus
+// one ENI "a" with the idle candidates 10.0.0.10 and 10.0.0.11.
+func restoredSnapshot(t *testing.T, in datastore.RestoreInput) datastore.NodeSnapshot {
+	t.Helper()
+	s, err := datastore.New(datastore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.ENIs = []datastore.RestoreENI{{
+		ENI: datastore.ENI{ID: "a", SubnetID: "s1", PrimaryIP: netip.MustParseAddr("10.0.0.1"), Capacity: 8},
+		IPs: []netip.Addr{netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("10.0.0.11")},
+	}}
+	if _, err := s.Restore("n", in, t0); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.Snapshot("n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
 }

@@ -192,7 +192,7 @@ func (i *IPAM) commit(ctx context.Context, pod *corev1.Pod, n *node, info datast
 	if tok != nil {
 		tok.Stamp(want)
 	}
-	if failpoint(fpBeforeWEPCreate, n.name+" "+pod.Namespace+"/"+pod.Name) {
+	if failpoint(fpBeforeWEPCreate, func() string { return n.name + " " + pod.Namespace + "/" + pod.Name }) {
 		ctx = context.WithoutCancel(ctx) // a write already on the wire (see failpoint.go)
 	}
 	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(pod.Namespace)

@@ -36,8 +36,9 @@ var failpoints = sync.OnceValue(func() map[string]string {
 })
 
 // failpoint blocks at the named failpoint while it is armed (at most
-// failpointMax), and reports whether it did.
-func failpoint(name, detail string) bool {
+// failpointMax), and reports whether it did. detail is only called when the
+// failpoint is armed: the allocation path pays nothing otherwise.
+func failpoint(name string, detail func() string) bool {
 	path, ok := failpoints()[name]
 	if !ok {
 		return false
@@ -45,7 +46,7 @@ func failpoint(name, detail string) bool {
 	if _, err := os.Stat(path); err != nil {
 		return false
 	}
-	_ = os.WriteFile(path+".hit", []byte(detail+"\n"), 0o644)
+	_ = os.WriteFile(path+".hit", []byte(detail()+"\n"), 0o644)
 	for start := time.Now(); time.Since(start) < failpointMax; time.Sleep(20 * time.Millisecond) {
 		if _, err := os.Stat(path); err != nil {
 			break

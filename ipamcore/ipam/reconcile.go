@@ -71,6 +71,16 @@ func (i *IPAM) reconcileIPs(ctx context.Context, n *node, inUse []cloud.ENI) {
 			dropped += i.reconcileAbsent(n, d, ip, now)
 		}
 	}
+	// Forget the disagreements of addresses no longer recorded (forgotten,
+	// trimmed, moved): the maps would otherwise only grow.
+	n.mu.Lock()
+	for a := range d.absent {
+		if !recorded[a] {
+			delete(d.absent, a)
+			delete(d.warned, a)
+		}
+	}
+	n.mu.Unlock()
 	i.adoptExtras(ctx, n, d, listed, recorded, snap, now)
 	if unheld > 0 {
 		n.refill()

@@ -967,7 +967,16 @@ func (c *Coordinator) updateReadyLocked(now time.Time, exists map[string]bool) {
 	case c.starting:
 		c.readyReason = "building the state of owned nodes"
 	default:
+		// A claim in flight is a partition the replica is about to serve:
+		// ready now would let a rolling update stop the next replica
+		// before this one has taken its share.
 		c.readyReason = ""
+		for p := range c.cfg.Ring.Partitions {
+			if c.own.State(p) == Claiming {
+				c.readyReason = fmt.Sprintf("claiming partition %d", p)
+				return
+			}
+		}
 		for name := range exists {
 			if c.own.State(PartitionOf(c.cfg.Ring.Partitions, name)) == Serving && c.nodeState[name] != nodeUp {
 				c.readyReason = "node " + name + " not served yet"

@@ -374,3 +374,34 @@ func TestCoordinator_BatchWaitsForClaimsInFlight(t *testing.T) {
 		t.Fatalf("nothing served %v after the claims went in flight, want the wait bounded", 2*time.Second+claimSettle)
 	}
 }
+
+// A replica with a claim in flight is not ready: every other replica may
+// already see the claim as ours, and a rolling update that trusted "ready"
+// would stop the next replica before this one serves its share.
+func TestCoordinator_NotReadyWhileClaiming(t *testing.T) {
+	c, clk := newTestCoordinator(t)
+	ctx := context.Background()
+	c.writeLease(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stepped = true
+	claims := make([]Claim, c.cfg.Ring.Partitions)
+	c.reconcileNodesLocked(ctx, clk.Now(), claims, nil)
+	if c.readyReason != "" {
+		t.Fatalf("not ready with nothing to serve: %s", c.readyReason)
+	}
+	if err := c.own.set(7, Claiming); err != nil {
+		t.Fatal(err)
+	}
+	c.reconcileNodesLocked(ctx, clk.Now(), claims, nil)
+	if c.readyReason == "" {
+		t.Fatal("ready while the claim of partition 7 is in flight")
+	}
+	if err := c.own.set(7, Serving); err != nil {
+		t.Fatal(err)
+	}
+	c.reconcileNodesLocked(ctx, clk.Now(), claims, nil)
+	if c.readyReason != "" {
+		t.Fatalf("not ready once partition 7 (no nodes) is served: %s", c.readyReason)
+	}
+}

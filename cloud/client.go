@@ -239,102 +239,147 @@ func (c *Client) do(ctx context.Context, op, resource string, fn func(s *sdkSet)
 	} else if ctx.Value(noWaitKey{}) != nil && c.urgentNearby(op) {
 		return c.skipped(op, resource, "an urgent call of the operation is in flight or just ended")
 	}
-	throttled := false // the last attempt was answered RateLimit
-	throttles, failures := 0, 0
-	var last *Error // the previous attempt's failure
+	var st callState
 	for {
-		if _, e := c.mayAttempt(ctx, op, resource, last); e != nil {
-			c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
-			return e
+		if done, err := c.attempt(ctx, op, resource, fn, &st); done {
+			return err
 		}
-		var waited time.Duration
-		var err error
-		// A retry after RateLimit takes no second token of the operation's
-		// own limit: BCE did not count the rejected call, and the backoff
-		// already spaced the retry by the operation's cluster-wide interval.
-		// (Waiting for a token of this replica's share too, a third of the
-		// rate with three replicas, kept a takeover's ENI list, which
-		// collides with the other survivors', 2-3 s behind theirs.)
-		// A retry after a 5xx does take one: BCE counted the failed call.
-		if ol := c.opLimits[op]; ol != nil && !throttled {
-			switch {
-			case ctx.Value(urgentKey{}) != nil:
-				ol.TryTake() // spent if there, so housekeeping yields; never waited for
-			case ctx.Value(noWaitKey{}) != nil:
-				if !ol.TryTake() {
-					if last != nil { // a retry: report why the call failed
-						c.m.calls.WithLabelValues(op, last.Class.String()).Inc()
-						return last
-					}
-					return c.skipped(op, resource, ErrWouldWait.Error())
-				}
-			default:
-				waited, err = ol.Wait(ctx)
-			}
-		}
-		if err == nil {
-			var w time.Duration
-			w, err = c.limiter.Wait(ctx)
-			waited += w
-		}
-		c.m.wait.WithLabelValues(op).Observe(waited.Seconds())
-		if err != nil {
-			e := &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: err.Error(), cause: err}
-			c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
-			return e
-		}
-		until, e := c.mayAttempt(ctx, op, resource, last)
-		if e != nil {
-			c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
-			return e
-		}
-		// The attempt ends at the node permissions' deadline, if any.
-		actx, cancel := ctx, context.CancelFunc(func() {})
-		if !until.IsZero() {
-			actx, cancel = context.WithDeadline(ctx, until)
-		}
-		s := c.newSDKSet(actx)
-		start := time.Now()
-		err = fn(s)
-		s.rt.close()
-		c.m.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
-		if err == nil {
-			cancel()
-			c.m.calls.WithLabelValues(op, "ok").Inc()
-			return nil
-		}
-		e = classify(actx, op, resource, err)
-		cut := actx.Err() != nil // the caller's context ended, or the permission's deadline passed
-		if cut && ctx.Err() == nil {
-			e.Message = "the node's permission ended during the attempt: " + e.Message
-			e.cause = fmt.Errorf("%w: %w", ErrFenced, actx.Err())
-		}
-		cancel()
-		e.Message = c.redact(e.Message)
-		last, throttled = e, false
-		retry, backoff := false, time.Duration(0)
-		switch {
-		case e.Class == ClassRateLimit:
-			c.m.throttled.WithLabelValues(op).Inc()
-			if throttles < c.throttleRetries(ctx) {
-				throttles++
-				retry, backoff, throttled = true, c.throttleBackoff(op), true
-				c.log.Debug("bce throttled, backing off", "op", op, "resource", resource, "attempt", throttles, "backoff", backoff)
-			}
-		case !cut && failures < c.cfg.SDKRetries && sdkRetryable(err, s.rt):
-			retry, backoff = true, c.failureBackoff(failures)
-			failures++
-			c.log.Debug("bce call failed, retrying", "op", op, "resource", resource, "retry", failures, "backoff", backoff, "err", e.Message)
-		}
-		if retry {
-			if sleepCtx(ctx, backoff) == nil {
-				continue
-			}
-			e = &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: ctx.Err().Error(), cause: ctx.Err()}
-		}
-		c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
-		return e
 	}
+}
+
+// callState is what one attempt of a logical call leaves to the next.
+type callState struct {
+	throttled           bool // the last attempt was answered RateLimit
+	throttles, failures int
+	last                *Error // the previous attempt's failure
+}
+
+// attempt makes one HTTP attempt of a logical call: the gate, the tokens,
+// the gate again (the wait may have outlasted the permission), the request,
+// and the decision to retry. done reports that the call is over, with err
+// its (counted) result; otherwise the caller goes again.
+func (c *Client) attempt(ctx context.Context, op, resource string, fn func(s *sdkSet) error, st *callState) (done bool, err error) {
+	if _, e := c.mayAttempt(ctx, op, resource, st.last); e != nil {
+		return true, c.count(op, e)
+	}
+	if err := c.takeTokens(ctx, op, resource, st); err != nil {
+		return true, err
+	}
+	until, e := c.mayAttempt(ctx, op, resource, st.last)
+	if e != nil {
+		return true, c.count(op, e)
+	}
+	e, cut, retryable := c.send(ctx, op, resource, until, fn)
+	if e == nil {
+		c.m.calls.WithLabelValues(op, "ok").Inc()
+		return true, nil
+	}
+	st.last, st.throttled = e, false
+	backoff, retry := c.retryAfter(ctx, op, resource, e, cut, retryable, st)
+	if !retry {
+		return true, c.count(op, e)
+	}
+	if sleepCtx(ctx, backoff) != nil {
+		return true, c.count(op, &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: ctx.Err().Error(), cause: ctx.Err()})
+	}
+	return false, nil
+}
+
+// count records a call's final failure by class and returns it.
+func (c *Client) count(op string, e *Error) error {
+	c.m.calls.WithLabelValues(op, e.Class.String()).Inc()
+	return e
+}
+
+// takeTokens waits for an attempt's tokens: the operation's own limit, then
+// the shared bucket. A retry after RateLimit takes no second token of the
+// operation's own limit: BCE did not count the rejected call, and the
+// backoff already spaced the retry by the operation's cluster-wide interval
+// (waiting for this replica's share too kept a takeover's ENI list, which
+// collides with the other survivors', seconds behind theirs). A retry after
+// a 5xx does take one: BCE counted the failed call. A non-nil error ends the
+// call and is already counted.
+func (c *Client) takeTokens(ctx context.Context, op, resource string, st *callState) error {
+	var waited time.Duration
+	var err error
+	if ol := c.opLimits[op]; ol != nil && !st.throttled {
+		switch {
+		case ctx.Value(urgentKey{}) != nil:
+			ol.TryTake() // spent if there, so housekeeping yields; never waited for
+		case ctx.Value(noWaitKey{}) != nil:
+			if !ol.TryTake() {
+				if st.last != nil { // a retry: report why the call failed
+					return c.count(op, st.last)
+				}
+				return c.skipped(op, resource, ErrWouldWait.Error())
+			}
+		default:
+			waited, err = ol.Wait(ctx)
+		}
+	}
+	if err == nil {
+		var w time.Duration
+		w, err = c.limiter.Wait(ctx)
+		waited += w
+	}
+	c.m.wait.WithLabelValues(op).Observe(waited.Seconds())
+	if err != nil {
+		return c.count(op, &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: err.Error(), cause: err})
+	}
+	return nil
+}
+
+// send makes the HTTP attempt, ended at the node permissions' deadline
+// (until) if there is one. It returns nil on success, else the classified
+// failure, whether the attempt was cut short by the caller's context or the
+// deadline, and whether the SDK's rule would retry it.
+func (c *Client) send(ctx context.Context, op, resource string, until time.Time,
+	fn func(s *sdkSet) error) (e *Error, cut, retryable bool) {
+	actx, cancel := ctx, context.CancelFunc(func() {})
+	if !until.IsZero() {
+		actx, cancel = context.WithDeadline(ctx, until)
+	}
+	defer cancel()
+	s := c.newSDKSet(actx)
+	start := time.Now()
+	err := fn(s)
+	s.rt.close()
+	c.m.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if err == nil {
+		return nil, false, false
+	}
+	e = classify(actx, op, resource, err)
+	cut = actx.Err() != nil // the caller's context ended, or the permission's deadline passed
+	if cut && ctx.Err() == nil {
+		e.Message = "the node's permission ended during the attempt: " + e.Message
+		e.cause = fmt.Errorf("%w: %w", ErrFenced, actx.Err())
+	}
+	e.Message = c.redact(e.Message)
+	return e, cut, sdkRetryable(err, s.rt)
+}
+
+// retryAfter decides whether a failed attempt is tried again, and after how
+// long: RateLimit up to ThrottleRetries (more for an urgent call), 5xx and
+// transport failures up to SDKRetries unless the attempt was cut short.
+func (c *Client) retryAfter(ctx context.Context, op, resource string, e *Error, cut, retryable bool,
+	st *callState) (time.Duration, bool) {
+	switch {
+	case e.Class == ClassRateLimit:
+		c.m.throttled.WithLabelValues(op).Inc()
+		if st.throttles < c.throttleRetries(ctx) {
+			st.throttles++
+			st.throttled = true
+			backoff := c.throttleBackoff(op)
+			c.log.Debug("bce throttled, backing off", "op", op, "resource", resource, "attempt", st.throttles, "backoff", backoff)
+			return backoff, true
+		}
+	case !cut && st.failures < c.cfg.SDKRetries && retryable:
+		backoff := c.failureBackoff(st.failures)
+		st.failures++
+		c.log.Debug("bce call failed, retrying", "op", op, "resource", resource, "retry", st.failures, "backoff", backoff, "err", e.Message)
+		return backoff, true
+	}
+	return 0, false
 }
 
 // sdkRetryable is the SDK's own retry rule (bce.BackOffRetryPolicy), which

@@ -1,5 +1,5 @@
 // Package cni serves rpc.CNIBackend, the gRPC service the CNI plugin on every
-// node calls for a pod's IP, in front of whatever allocates (a Backend).
+// node calls for a pod's IP, in front of whatever allocates (a podip.Backend).
 //
 // It owns only what is the same for every request: decoding and validating
 // the request into a PodRef (clear errors, nothing reaches the Backend on bad

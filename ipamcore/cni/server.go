@@ -10,37 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
-
-// Endpoint is a pod's network assignment as the CNI plugin sees it; the
-// Backend fills it from the pod's WorkloadEndpoint.
-type Endpoint struct {
-	IP                string
-	Type              string
-	MAC               string
-	Gateway           string
-	ENIID             string
-	Node              string
-	SubnetID          string
-	EnableFixIP       string
-	FixIPDeletePolicy string
-}
-
-// Backend allocates and releases. Every method is called concurrently, with a
-// context that carries the request deadline, and must be idempotent for the
-// same PodRef: kubelet retries ADD and DEL.
-type Backend interface {
-	// Allocate returns the pod's IP, assigning one if it has none. A repeated
-	// ADD for the same sandbox returns the same IP.
-	Allocate(ctx context.Context, pod PodRef) (Endpoint, error)
-	// Release frees the pod's IP. It returns ok=false, and no error, when
-	// there is nothing to free (an unknown pod, or a DEL whose container ID
-	// is not the current sandbox's): DEL must succeed then.
-	Release(ctx context.Context, pod PodRef) (ep Endpoint, ok bool, err error)
-	// Check returns the pod's current assignment, ok=false if it has none.
-	Check(ctx context.Context, pod PodRef) (ep Endpoint, ok bool, err error)
-}
 
 // Config holds the service's limits.
 type Config struct {
@@ -90,7 +62,7 @@ type Server struct {
 	rpc.UnimplementedCNIBackendServer
 
 	cfg      Config
-	backend  Backend
+	backend  podip.Backend
 	log      *slog.Logger
 	metrics  *metrics
 	allocate chan struct{} // semaphore of in-flight allocations
@@ -98,7 +70,7 @@ type Server struct {
 }
 
 // NewServer builds the service. A nil registerer disables metrics.
-func NewServer(cfg Config, backend Backend, log *slog.Logger, reg prometheus.Registerer) *Server {
+func NewServer(cfg Config, backend podip.Backend, log *slog.Logger, reg prometheus.Registerer) *Server {
 	cfg.defaults()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -117,7 +89,7 @@ func NewServer(cfg Config, backend Backend, log *slog.Logger, reg prometheus.Reg
 func (s *Server) AllocateIP(ctx context.Context, req *rpc.AllocateIPRequest) (*rpc.AllocateIPReply, error) {
 	reply := &rpc.AllocateIPReply{IPType: rpc.IPType_BCCMultiENIMultiIPType}
 	ep, _, err := s.serve(ctx, methodAllocate, s.allocate, req, req.GetIPType(),
-		func(ctx context.Context, pod PodRef) (Endpoint, bool, error) {
+		func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, bool, error) {
 			ep, err := s.backend.Allocate(ctx, pod)
 			return ep, err == nil, err
 		})
@@ -162,24 +134,24 @@ func (s *Server) CheckIP(ctx context.Context, req *rpc.CheckIPRequest) (*rpc.Che
 	return reply, nil
 }
 
-type call func(ctx context.Context, pod PodRef) (Endpoint, bool, error)
+type call func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, bool, error)
 
 // serve is the shared path of every method: validate, take a slot or refuse,
 // run the backend under the deadline, record the outcome.
-func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, req podRequest, ipType rpc.IPType, fn call) (Endpoint, bool, error) {
+func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, req podRequest, ipType rpc.IPType, fn call) (podip.Endpoint, bool, error) {
 	start := time.Now()
 	pod, err := decode(req, ipType)
 	if err != nil {
 		s.metrics.observe(method, resultInvalid, start)
 		s.log.Warn("rejected CNI request", "method", method, "err", err)
-		return Endpoint{}, false, err
+		return podip.Endpoint{}, false, err
 	}
 	select {
 	case slots <- struct{}{}:
 		defer func() { <-slots }()
 	default:
 		s.metrics.observe(method, resultBusy, start)
-		return Endpoint{}, false, fmt.Errorf("%s: %d %s calls in flight", BusyMessage, cap(slots), method)
+		return podip.Endpoint{}, false, fmt.Errorf("%s: %d %s calls in flight", BusyMessage, cap(slots), method)
 	}
 	s.metrics.inflight.WithLabelValues(method).Inc()
 	defer s.metrics.inflight.WithLabelValues(method).Dec()
@@ -190,14 +162,14 @@ func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, 
 	if err != nil {
 		s.metrics.observe(method, resultError, start)
 		s.log.Warn("CNI call failed", "method", method, "pod", pod.String(), "err", err, "duration", time.Since(start))
-		return Endpoint{}, false, fmt.Errorf("%s %s: %w", method, pod, err)
+		return podip.Endpoint{}, false, fmt.Errorf("%s %s: %w", method, pod, err)
 	}
 	s.metrics.observe(method, resultOK, start)
 	s.log.Debug("CNI call served", "method", method, "pod", pod.String(), "ip", ep.IP, "duration", time.Since(start))
 	return ep, ok, nil
 }
 
-func toWire(ep Endpoint) *rpc.ENIMultiIPReply {
+func toWire(ep podip.Endpoint) *rpc.ENIMultiIPReply {
 	return &rpc.ENIMultiIPReply{
 		IP:                ep.IP,
 		Type:              ep.Type,

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
@@ -20,49 +21,49 @@ import (
 // job (validation, limits, deadlines, wire shape), not allocation.
 type recordingBackend struct {
 	mu       sync.Mutex
-	calls    []PodRef
-	allocate func(ctx context.Context, pod PodRef) (Endpoint, error)
-	release  func(ctx context.Context, pod PodRef) (Endpoint, bool, error)
+	calls    []podip.PodRef
+	allocate func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, error)
+	release  func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, bool, error)
 }
 
-func (b *recordingBackend) record(pod PodRef) {
+func (b *recordingBackend) record(pod podip.PodRef) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.calls = append(b.calls, pod)
 }
 
-func (b *recordingBackend) Calls() []PodRef {
+func (b *recordingBackend) Calls() []podip.PodRef {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return append([]PodRef(nil), b.calls...)
+	return append([]podip.PodRef(nil), b.calls...)
 }
 
-func (b *recordingBackend) Allocate(ctx context.Context, pod PodRef) (Endpoint, error) {
+func (b *recordingBackend) Allocate(ctx context.Context, pod podip.PodRef) (podip.Endpoint, error) {
 	b.record(pod)
 	if b.allocate != nil {
 		return b.allocate(ctx, pod)
 	}
-	return Endpoint{IP: "10.0.0.5", ENIID: "eni-1", MAC: "fa:16:3e:00:00:01", Node: "node-1", SubnetID: "sbn-1"}, nil
+	return podip.Endpoint{IP: "10.0.0.5", ENIID: "eni-1", MAC: "fa:16:3e:00:00:01", Node: "node-1", SubnetID: "sbn-1"}, nil
 }
 
-func (b *recordingBackend) Release(ctx context.Context, pod PodRef) (Endpoint, bool, error) {
+func (b *recordingBackend) Release(ctx context.Context, pod podip.PodRef) (podip.Endpoint, bool, error) {
 	b.record(pod)
 	if b.release != nil {
 		return b.release(ctx, pod)
 	}
-	return Endpoint{}, false, nil
+	return podip.Endpoint{}, false, nil
 }
 
-func (b *recordingBackend) Check(ctx context.Context, pod PodRef) (Endpoint, bool, error) {
+func (b *recordingBackend) Check(ctx context.Context, pod podip.PodRef) (podip.Endpoint, bool, error) {
 	b.record(pod)
 	if pod.Name == "known" {
-		return Endpoint{IP: "10.0.0.9"}, true, nil
+		return podip.Endpoint{IP: "10.0.0.9"}, true, nil
 	}
-	return Endpoint{}, false, nil
+	return podip.Endpoint{}, false, nil
 }
 
 // serve starts the service on a real gRPC server on 127.0.0.1.
-func serve(t *testing.T, cfg Config, b Backend, reg prometheus.Registerer) rpc.CNIBackendClient {
+func serve(t *testing.T, cfg Config, b podip.Backend, reg prometheus.Registerer) rpc.CNIBackendClient {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -96,7 +97,7 @@ func TestServer_AllocateIP_Success(t *testing.T) {
 	if !reply.IsSuccess || reply.GetENIMultiIP().GetIP() != "10.0.0.5" || reply.GetENIMultiIP().GetENIID() != "eni-1" {
 		t.Fatalf("reply = %v, want success with 10.0.0.5 on eni-1", reply)
 	}
-	want := PodRef{Namespace: "default", Name: "web-0", ContainerID: "abc123", Node: "node-1"}
+	want := podip.PodRef{Namespace: "default", Name: "web-0", ContainerID: "abc123", Node: "node-1"}
 	if calls := b.Calls(); len(calls) != 1 || calls[0] != want {
 		t.Fatalf("backend calls = %v, want [%v]", calls, want)
 	}
@@ -158,10 +159,10 @@ func TestServer_AllocateIP_UnknownIPTypeIsBCC(t *testing.T) {
 func TestServer_AllocateIP_BusyAnswersAtOnce(t *testing.T) {
 	entered := make(chan struct{})
 	unblock := make(chan struct{})
-	b := &recordingBackend{allocate: func(ctx context.Context, pod PodRef) (Endpoint, error) {
+	b := &recordingBackend{allocate: func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, error) {
 		entered <- struct{}{}
 		<-unblock
-		return Endpoint{IP: "10.0.0.1"}, nil
+		return podip.Endpoint{IP: "10.0.0.1"}, nil
 	}}
 	reg := prometheus.NewRegistry()
 	c := serve(t, Config{AllocateConcurrency: 1, ReleaseConcurrency: 1}, b, reg)
@@ -191,9 +192,9 @@ func TestServer_AllocateIP_BusyAnswersAtOnce(t *testing.T) {
 }
 
 func TestServer_AllocateIP_Deadline(t *testing.T) {
-	b := &recordingBackend{allocate: func(ctx context.Context, pod PodRef) (Endpoint, error) {
+	b := &recordingBackend{allocate: func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, error) {
 		<-ctx.Done()
-		return Endpoint{}, ctx.Err()
+		return podip.Endpoint{}, ctx.Err()
 	}}
 	c := serve(t, Config{RequestTimeout: 20 * time.Millisecond}, b, nil)
 	reply, err := c.AllocateIP(context.Background(), allocReq("default", "slow", "1"))
@@ -203,8 +204,8 @@ func TestServer_AllocateIP_Deadline(t *testing.T) {
 }
 
 func TestServer_AllocateIP_BackendErrorNamesPod(t *testing.T) {
-	b := &recordingBackend{allocate: func(ctx context.Context, pod PodRef) (Endpoint, error) {
-		return Endpoint{}, errors.New("subnet sbn-1 has no more IP")
+	b := &recordingBackend{allocate: func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, error) {
+		return podip.Endpoint{}, errors.New("subnet sbn-1 has no more IP")
 	}}
 	c := serve(t, Config{}, b, nil)
 	reply, _ := c.AllocateIP(context.Background(), allocReq("team", "api-7", "0123456789abcdef"))
@@ -214,11 +215,11 @@ func TestServer_AllocateIP_BackendErrorNamesPod(t *testing.T) {
 }
 
 func TestServer_ReleaseIP(t *testing.T) {
-	b := &recordingBackend{release: func(ctx context.Context, pod PodRef) (Endpoint, bool, error) {
+	b := &recordingBackend{release: func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, bool, error) {
 		if pod.Name == "held" {
-			return Endpoint{IP: "10.0.0.7"}, true, nil
+			return podip.Endpoint{IP: "10.0.0.7"}, true, nil
 		}
-		return Endpoint{}, false, nil
+		return podip.Endpoint{}, false, nil
 	}}
 	c := serve(t, Config{}, b, nil)
 	held, err := c.ReleaseIP(context.Background(), &rpc.ReleaseIPRequest{K8SPodNamespace: "default", K8SPodName: "held", K8SPodInfraContainerID: "1"})

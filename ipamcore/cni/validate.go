@@ -9,24 +9,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
-
-// PodRef identifies the pod sandbox a CNI call is about.
-type PodRef struct {
-	Namespace string
-	Name      string
-	// ContainerID is the infra (sandbox) container ID. It guards release: a
-	// DEL carrying an older sandbox's ID must not free a newer sandbox's IP.
-	ContainerID string
-	// Node is the node the plugin runs on, when the plugin sends it; the
-	// Backend reads the authoritative node from the pod.
-	Node string
-}
-
-func (p PodRef) String() string {
-	return p.Namespace + "/" + p.Name + " (" + shortID(p.ContainerID) + ")"
-}
 
 // ErrInvalidRequest marks requests rejected before reaching the Backend.
 var ErrInvalidRequest = errors.New("invalid request")
@@ -47,35 +32,35 @@ type podRequest interface {
 	GetK8SNodeName() string
 }
 
-// decode validates a request and turns it into a PodRef. Unknown IP types are
+// decode validates a request and turns it into a podip.PodRef. Unknown IP types are
 // served as BCC, as the reference does, since older plugins send 0 or garbage.
-func decode(req podRequest, ipType rpc.IPType) (PodRef, error) {
+func decode(req podRequest, ipType rpc.IPType) (podip.PodRef, error) {
 	if req == nil {
-		return PodRef{}, fmt.Errorf("%w: empty request", ErrInvalidRequest)
+		return podip.PodRef{}, fmt.Errorf("%w: empty request", ErrInvalidRequest)
 	}
 	switch ipType {
 	case rpc.IPType_BBCPrimaryENIMultiIPType, rpc.IPType_CrossVPCENIIPType,
 		rpc.IPType_RoCEENIMultiIPType, rpc.IPType_ERIENIMultiIPType:
-		return PodRef{}, fmt.Errorf("%w %s: cce-ipam serves BCC pods only", ErrUnsupportedIPType, ipType)
+		return podip.PodRef{}, fmt.Errorf("%w %s: cce-ipam serves BCC pods only", ErrUnsupportedIPType, ipType)
 	}
-	ref := PodRef{
+	ref := podip.PodRef{
 		Namespace:   req.GetK8SPodNamespace(),
 		Name:        req.GetK8SPodName(),
 		ContainerID: req.GetK8SPodInfraContainerID(),
 		Node:        req.GetK8SNodeName(),
 	}
 	if msgs := validation.IsDNS1123Label(ref.Namespace); len(msgs) > 0 {
-		return PodRef{}, fmt.Errorf("%w: pod namespace %q: %s", ErrInvalidRequest, clip(ref.Namespace), strings.Join(msgs, "; "))
+		return podip.PodRef{}, fmt.Errorf("%w: pod namespace %q: %s", ErrInvalidRequest, clip(ref.Namespace), strings.Join(msgs, "; "))
 	}
 	if msgs := validation.IsDNS1123Subdomain(ref.Name); len(msgs) > 0 {
-		return PodRef{}, fmt.Errorf("%w: pod name %q: %s", ErrInvalidRequest, clip(ref.Name), strings.Join(msgs, "; "))
+		return podip.PodRef{}, fmt.Errorf("%w: pod name %q: %s", ErrInvalidRequest, clip(ref.Name), strings.Join(msgs, "; "))
 	}
 	if err := validateContainerID(ref.ContainerID); err != nil {
-		return PodRef{}, err
+		return podip.PodRef{}, err
 	}
 	if ref.Node != "" {
 		if msgs := validation.IsDNS1123Subdomain(ref.Node); len(msgs) > 0 {
-			return PodRef{}, fmt.Errorf("%w: node name %q: %s", ErrInvalidRequest, clip(ref.Node), strings.Join(msgs, "; "))
+			return podip.PodRef{}, fmt.Errorf("%w: node name %q: %s", ErrInvalidRequest, clip(ref.Node), strings.Join(msgs, "; "))
 		}
 	}
 	return ref, nil
@@ -108,11 +93,4 @@ func clip(s string) string {
 		cut--
 	}
 	return s[:cut] + "…"
-}
-
-func shortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }

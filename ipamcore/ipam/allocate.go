@@ -12,11 +12,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
-	"github.com/cce-ipam/sharded/ipamcore/cni"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 )
 
-var _ cni.Backend = (*IPAM)(nil)
+var _ podip.Backend = (*IPAM)(nil)
 
 // ErrPoolExhausted is returned when a node's pool stayed empty for
 // Config.AllocateWait; kubelet retries the ADD.
@@ -26,25 +26,25 @@ var ErrPoolExhausted = errors.New("no idle IP on the node")
 // not bound to.
 var ErrWrongNode = errors.New("pod not bound to the calling node")
 
-// Allocate implements cni.Backend: ordinary pods from the warm pool,
+// Allocate implements podip.Backend: ordinary pods from the warm pool,
 // fixed-IP StatefulSet pods their reserved address.
-func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, error) {
+func (i *IPAM) Allocate(ctx context.Context, ref podip.PodRef) (podip.Endpoint, error) {
 	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
 	defer unlock()
 
 	pod, err := i.getPod(ctx, ref)
 	if err != nil {
-		return cni.Endpoint{}, err
+		return podip.Endpoint{}, err
 	}
 	if ref.Node != "" && ref.Node != pod.Spec.NodeName {
 		// An IP of another node's ENI would be useless to the caller's
 		// sandbox: refuse rather than allocate where the pod is not.
-		return cni.Endpoint{}, fmt.Errorf("%w: pod %s/%s is bound to node %s, the call came from node %s",
+		return podip.Endpoint{}, fmt.Errorf("%w: pod %s/%s is bound to node %s, the call came from node %s",
 			ErrWrongNode, ref.Namespace, ref.Name, pod.Spec.NodeName, ref.Node)
 	}
 	n, done, ok := i.acquire(pod.Spec.NodeName)
 	if !ok {
-		return cni.Endpoint{}, fmt.Errorf("%w: %s", ErrNodeNotServed, pod.Spec.NodeName)
+		return podip.Endpoint{}, fmt.Errorf("%w: %s", ErrNodeNotServed, pod.Spec.NodeName)
 	}
 	defer done()
 	// A repeated ADD of the same sandbox gets the same answer. Only when
@@ -63,7 +63,7 @@ func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, erro
 	if err != nil {
 		i.metrics.allocations.WithLabelValues("error", path).Inc()
 		i.events.Eventf(pod, corev1.EventTypeWarning, "AllocateIPFailed", "allocate IP on node %s: %v", n.name, err)
-		return cni.Endpoint{}, err
+		return podip.Endpoint{}, err
 	}
 	i.metrics.allocations.WithLabelValues("ok", path).Inc()
 	if st, err := i.store.Stats(n.name, i.deps.Clock.Now()); err == nil && st.Idle < i.cfg.IdleMin {
@@ -74,7 +74,7 @@ func (i *IPAM) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, erro
 
 // repeatedADD returns the committed wep of a sandbox that already holds an
 // IP on the node.
-func (i *IPAM) repeatedADD(ctx context.Context, n *node, ref cni.PodRef) (*cce.WorkloadEndpoint, bool) {
+func (i *IPAM) repeatedADD(ctx context.Context, n *node, ref podip.PodRef) (*cce.WorkloadEndpoint, bool) {
 	held, err := i.store.LookupPod(n.name, datastore.PodKey{Namespace: ref.Namespace, Name: ref.Name})
 	if err != nil || held.State != datastore.StateAssigned || held.Owner.ContainerID != ref.ContainerID {
 		return nil, false
@@ -277,7 +277,7 @@ func (i *IPAM) newWEP(pod *corev1.Pod, n *node, info datastore.IPInfo) *cce.Work
 // the watch has not seen the pod yet (just bound), or it still holds a
 // deleted predecessor of the same name. A CNI ADD happens only after the
 // binding, so the live read sees it.
-func (i *IPAM) getPod(ctx context.Context, ref cni.PodRef) (*corev1.Pod, error) {
+func (i *IPAM) getPod(ctx context.Context, ref podip.PodRef) (*corev1.Pod, error) {
 	namespace, name := ref.Namespace, ref.Name
 	pod, ok := i.cachedPod(ref.Node, namespace, name)
 	var err error
@@ -293,8 +293,8 @@ func (i *IPAM) getPod(ctx context.Context, ref cni.PodRef) (*corev1.Pod, error) 
 	return pod, nil
 }
 
-func endpointOf(w *cce.WorkloadEndpoint) cni.Endpoint {
-	return cni.Endpoint{
+func endpointOf(w *cce.WorkloadEndpoint) podip.Endpoint {
+	return podip.Endpoint{
 		IP:                w.Spec.IP,
 		Type:              w.Spec.Type,
 		MAC:               w.Spec.Mac,
@@ -310,7 +310,7 @@ func endpointOf(w *cce.WorkloadEndpoint) cni.Endpoint {
 // PodNode returns the node to route an ADD to: the node the plugin runs on
 // when it names a known node (the owner checks the pod is bound there, see
 // Allocate), else the node the pod is bound to, read from the API server.
-func (i *IPAM) PodNode(ctx context.Context, ref cni.PodRef) (string, error) {
+func (i *IPAM) PodNode(ctx context.Context, ref podip.PodRef) (string, error) {
 	if ref.Node != "" {
 		if _, err := i.nodes.Get(ref.Node); err == nil {
 			return ref.Node, nil
@@ -325,7 +325,7 @@ func (i *IPAM) PodNode(ctx context.Context, ref cni.PodRef) (string, error) {
 
 // EndpointNode returns the node of the pod's WorkloadEndpoint, for routing a
 // release; ok=false when the pod has none (nothing to release anywhere).
-func (i *IPAM) EndpointNode(ctx context.Context, ref cni.PodRef) (string, bool, error) {
+func (i *IPAM) EndpointNode(ctx context.Context, ref podip.PodRef) (string, bool, error) {
 	wep, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return "", false, nil

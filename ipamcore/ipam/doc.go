@@ -1,5 +1,5 @@
 // Package ipam is the informer-driven IPAM for a dynamic set of owned nodes:
-// it serves cni.Backend (AllocateIP / ReleaseIP / CheckIP) for the nodes it
+// it serves podip.Backend (AllocateIP / ReleaseIP / CheckIP) for the nodes it
 // has been told to serve, keeps each node's warm pool of ENI secondary IPs
 // through the cloud, and records every assignment as a WorkloadEndpoint.
 //

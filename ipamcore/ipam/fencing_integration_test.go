@@ -17,9 +17,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/cce-ipam/sharded/ipamcore/cni"
 	"github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 	"github.com/cce-ipam/sharded/shard"
 )
 
@@ -82,10 +82,10 @@ func TestIPAM_WEPWritesFencedByTheAPIServer(t *testing.T) {
 		t.Fatalf("serve %s: %v", n, err)
 	}
 	pods := e.createPods("p", 2)
-	ref := func(p podRef) cni.PodRef {
-		return cni.PodRef{Namespace: e.ns, Name: p.name, ContainerID: p.containerID, Node: p.node}
+	ref := func(p podRef) podip.PodRef {
+		return podip.PodRef{Namespace: e.ns, Name: p.name, ContainerID: p.containerID, Node: p.node}
 	}
-	var ep cni.Endpoint
+	var ep podip.Endpoint
 	for ctx.Err() == nil { // the pool fills first
 		if ep, err = ip.Allocate(ctx, ref(pods[0])); err == nil {
 			break

@@ -9,38 +9,38 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/cce-ipam/sharded/ipamcore/cni"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 )
 
-// Release implements cni.Backend. It reads the wep from the API server, not
+// Release implements podip.Backend. It reads the wep from the API server, not
 // the cache: a DEL right after an ADD must see the ADD's wep, or the IP would
 // stay assigned to nobody until GC.
-func (i *IPAM) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, error) {
+func (i *IPAM) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
 	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
 	defer unlock()
 
 	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace)
 	wep, err := client.Get(ctx, ref.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return cni.Endpoint{}, false, nil
+		return podip.Endpoint{}, false, nil
 	}
 	if err != nil {
-		return cni.Endpoint{}, false, fmt.Errorf("get WorkloadEndpoint: %w", err)
+		return podip.Endpoint{}, false, fmt.Errorf("get WorkloadEndpoint: %w", err)
 	}
 	// A DEL of an older sandbox must not free the current sandbox's IP.
 	if wep.Spec.ContainerID != ref.ContainerID {
 		i.log.Info("stale DEL ignored", "pod", ref.String(), "current", wep.Spec.ContainerID)
-		return cni.Endpoint{}, false, nil
+		return podip.Endpoint{}, false, nil
 	}
 	n, done, ok := i.acquire(wep.Spec.Node)
 	if !ok {
-		return cni.Endpoint{}, false, fmt.Errorf("%w: %s", ErrNodeNotServed, wep.Spec.Node)
+		return podip.Endpoint{}, false, fmt.Errorf("%w: %s", ErrNodeNotServed, wep.Spec.Node)
 	}
 	defer done()
 	tok, until, err := i.fenceFor(n.name)
 	if err != nil {
-		return cni.Endpoint{}, false, err
+		return podip.Endpoint{}, false, err
 	}
 	if wep.IsFixedStatefulSet() {
 		// The IP stays reserved for the pod's next incarnation; GC frees
@@ -61,14 +61,14 @@ func (i *IPAM) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool,
 	}
 	addr, err := netip.ParseAddr(wep.Spec.IP)
 	if err != nil {
-		return cni.Endpoint{}, false, fmt.Errorf("WorkloadEndpoint %s/%s has an unparsable IP %q", wep.Namespace, wep.Name, wep.Spec.IP)
+		return podip.Endpoint{}, false, fmt.Errorf("WorkloadEndpoint %s/%s has an unparsable IP %q", wep.Namespace, wep.Name, wep.Spec.IP)
 	}
 
 	// The wep goes first: while it exists the IP stays assigned, so a
 	// failure here leaves everything consistent and kubelet retries.
 	if err := i.deleteWEP(ctx, wep); err != nil {
 		i.metrics.releases.WithLabelValues("error", pathPool).Inc()
-		return cni.Endpoint{}, false, err
+		return podip.Endpoint{}, false, err
 	}
 	rel, err := i.store.Release(n.name, addr, ref.ContainerID, i.deps.Clock.Now())
 	switch {
@@ -89,17 +89,17 @@ func (i *IPAM) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool,
 	return endpointOf(wep), true, nil
 }
 
-// Check implements cni.Backend: the pod's current wep, if the sandbox owns it.
-func (i *IPAM) Check(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, error) {
+// Check implements podip.Backend: the pod's current wep, if the sandbox owns it.
+func (i *IPAM) Check(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
 	wep, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return cni.Endpoint{}, false, nil
+		return podip.Endpoint{}, false, nil
 	}
 	if err != nil {
-		return cni.Endpoint{}, false, err
+		return podip.Endpoint{}, false, err
 	}
 	if wep.Spec.ContainerID != ref.ContainerID {
-		return cni.Endpoint{}, false, nil
+		return podip.Endpoint{}, false, nil
 	}
 	return endpointOf(wep), true, nil
 }
@@ -113,24 +113,24 @@ func (i *IPAM) NodeGone(ctx context.Context, node string) bool {
 // ReleaseOnDeletedNode is the DEL of a pod whose node no longer exists: its
 // IP went with the node's ENIs, so only the wep is deleted (guarded by the
 // sandbox's container ID, as Release is). Fixed-IP weps stay reserved.
-func (i *IPAM) ReleaseOnDeletedNode(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, error) {
+func (i *IPAM) ReleaseOnDeletedNode(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
 	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
 	defer unlock()
 	wep, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return cni.Endpoint{}, false, nil
+		return podip.Endpoint{}, false, nil
 	}
 	if err != nil {
-		return cni.Endpoint{}, false, fmt.Errorf("get WorkloadEndpoint: %w", err)
+		return podip.Endpoint{}, false, fmt.Errorf("get WorkloadEndpoint: %w", err)
 	}
 	if wep.Spec.ContainerID != ref.ContainerID || !i.nodeGone(ctx, wep.Spec.Node) {
-		return cni.Endpoint{}, false, nil
+		return podip.Endpoint{}, false, nil
 	}
 	if wep.IsFixedStatefulSet() {
 		return endpointOf(wep), true, nil
 	}
 	if err := i.deleteWEP(ctx, wep); err != nil {
-		return cni.Endpoint{}, false, err
+		return podip.Endpoint{}, false, err
 	}
 	i.metrics.releases.WithLabelValues("ok", pathPool).Inc()
 	i.log.Info("released the wep of a pod on a deleted node", "pod", ref.String(), "node", wep.Spec.Node)

@@ -107,88 +107,102 @@ func knownOp(op Op) bool {
 }
 
 func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
-	reqID := s.newRequestID()
-	bad := func(err error) {
-		var ae *APIError
-		if !errors.As(err, &ae) {
-			ae = errBadParam("%v", err)
-		}
-		writeError(w, reqID, ae)
-	}
-	decodeBody := func(v any) bool {
-		body, err := io.ReadAll(io.LimitReader(r.Body, s.cfg.MaxBodyBytes))
-		if err == nil {
-			err = json.Unmarshal(body, v)
-		}
-		if err != nil {
-			writeError(w, reqID, apiErr(http.StatusBadRequest, CodeMalformedJSON, "admin body: %v", err))
-			return false
-		}
-		return true
-	}
-	created := func(id string, err error) {
-		if err != nil {
-			bad(err)
-			return
-		}
-		writeJSON(w, reqID, http.StatusOK, map[string]string{"id": id})
-	}
+	a := &adminCall{w: w, r: r, reqID: s.newRequestID(), maxBody: s.cfg.MaxBodyBytes}
 	switch r.Method + " " + r.URL.Path {
 	case "GET /admin/world":
-		writeJSON(w, reqID, http.StatusOK, s.Dump())
+		a.ok(s.Dump())
 	case "GET /admin/check":
 		if err := s.Check(); err != nil {
-			writeJSON(w, reqID, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+			writeJSON(w, a.reqID, http.StatusInternalServerError, map[string]string{"error": err.Error()})
 			return
 		}
-		writeJSON(w, reqID, http.StatusOK, map[string]bool{"ok": true})
+		a.ok(map[string]bool{"ok": true})
 	case "POST /admin/subnets":
-		var spec SubnetSpec
-		if decodeBody(&spec) {
-			created(s.AddSubnet(spec))
-		}
+		adminCreate(a, s.AddSubnet)
 	case "POST /admin/instances":
-		var spec InstanceSpec
-		if decodeBody(&spec) {
-			created(s.AddInstance(spec))
-		}
+		adminCreate(a, s.AddInstance)
 	case "POST /admin/securitygroups":
-		var spec SecurityGroupSpec
-		if decodeBody(&spec) {
-			created(s.AddSecurityGroup(spec))
-		}
+		adminCreate(a, s.AddSecurityGroup)
 	case "GET /admin/stats":
-		writeJSON(w, reqID, http.StatusOK, s.Stats())
+		a.ok(s.Stats())
 	case "GET /admin/faults":
-		writeJSON(w, reqID, http.StatusOK, s.Faults())
+		a.ok(s.Faults())
 	case "PUT /admin/faults":
-		var f Faults
-		if decodeBody(&f) {
-			if err := s.SetFaults(f); err != nil {
-				bad(err)
-				return
-			}
-			writeJSON(w, reqID, http.StatusOK, s.Faults())
-		}
+		adminSet(a, s.SetFaults, func() any { return s.Faults() })
 	case "GET /admin/ratelimits":
-		writeJSON(w, reqID, http.StatusOK, s.RateLimits())
+		a.ok(s.RateLimits())
 	case "PUT /admin/ratelimits":
-		var m map[Op]RateLimit
-		if decodeBody(&m) {
-			if err := s.SetRateLimits(m); err != nil {
-				bad(err)
-				return
-			}
-			writeJSON(w, reqID, http.StatusOK, s.RateLimits())
-		}
+		adminSet(a, s.SetRateLimits, func() any { return s.RateLimits() })
 	case "GET /admin/ops":
 		ops := make([]string, len(AllOps))
 		for i, o := range AllOps {
 			ops[i] = string(o)
 		}
 		sort.Strings(ops)
-		writeJSON(w, reqID, http.StatusOK, ops)
+		a.ok(ops)
 	default:
-		writeError(w, reqID, apiErr(http.StatusNotFound, CodeInvalidURI, "no admin endpoint %s %s", r.Method, r.URL.Path))
+		writeError(w, a.reqID, apiErr(http.StatusNotFound, CodeInvalidURI, "no admin endpoint %s %s", r.Method, r.URL.Path))
 	}
+}
+
+// adminCall is one request to the admin API.
+type adminCall struct {
+	w       http.ResponseWriter
+	r       *http.Request
+	reqID   string
+	maxBody int64
+}
+
+func (a *adminCall) ok(v any) { writeJSON(a.w, a.reqID, http.StatusOK, v) }
+
+// fail answers an error: an APIError as it is, anything else as a bad
+// parameter.
+func (a *adminCall) fail(err error) {
+	var ae *APIError
+	if !errors.As(err, &ae) {
+		ae = errBadParam("%v", err)
+	}
+	writeError(a.w, a.reqID, ae)
+}
+
+// decode reads the JSON body into v, or answers MalformedJSON and reports
+// false.
+func (a *adminCall) decode(v any) bool {
+	body, err := io.ReadAll(io.LimitReader(a.r.Body, a.maxBody))
+	if err == nil {
+		err = json.Unmarshal(body, v)
+	}
+	if err != nil {
+		writeError(a.w, a.reqID, apiErr(http.StatusBadRequest, CodeMalformedJSON, "admin body: %v", err))
+		return false
+	}
+	return true
+}
+
+// adminCreate decodes a spec, adds it to the world and answers its ID.
+func adminCreate[T any](a *adminCall, add func(T) (string, error)) {
+	var spec T
+	if !a.decode(&spec) {
+		return
+	}
+	id, err := add(spec)
+	if err != nil {
+		a.fail(err)
+		return
+	}
+	a.ok(map[string]string{"id": id})
+}
+
+// adminSet decodes a setting, applies it and answers the setting now in
+// force.
+func adminSet[T any](a *adminCall, set func(T) error, current func() any) {
+	var v T
+	if !a.decode(&v) {
+		return
+	}
+	if err := set(v); err != nil {
+		a.fail(err)
+		return
+	}
+	a.ok(current())
 }

@@ -191,96 +191,143 @@ var errNoIPv6 = errBadParam("ipv6 addresses are not simulated")
 
 // decode parses the query and body of a routed call into c.arg.
 func decode(c *call, q url.Values, body []byte) *APIError {
+	var arg any
+	var err *APIError
 	switch c.op {
 	case OpListENIs, OpListSubnets, OpListSecurityGroups, OpENIQuota:
-		mk, err := parseMaxKeys(q)
-		if err != nil {
-			return err
-		}
-		a := listArgs{marker: q.Get("marker"), maxKeys: mk, instanceID: q.Get("instanceId"), vpcID: q.Get("vpcId"), eniID: q.Get("eniId")}
-		a.eni = ENIFilter{VPCID: a.vpcID, InstanceID: a.instanceID, Name: q.Get("name")}
-		if ips := q.Get("privateIpAddress"); ips != "" {
-			a.eni.PrivateIPs = strings.Split(ips, ",")
-		}
-		a.subnet = SubnetFilter{VPCID: a.vpcID, ZoneName: q.Get("zoneName"), SubnetType: q.Get("subnetType")}
-		if ids := q.Get("subnetIds"); ids != "" {
-			a.subnet.SubnetIDs = strings.Split(ids, ",")
-		}
-		c.arg = a
+		arg, err = decodeList(q)
 	case OpCreateENI:
-		var b createENIBody
-		if err := decodeJSON(body, &b); err != nil {
-			return err
-		}
-		if len(b.IPv6PrivateIPSet) > 0 {
-			return errNoIPv6
-		}
-		in := CreateENIInput{Name: b.Name, SubnetID: b.SubnetID, InstanceID: b.InstanceID, Description: b.Description,
-			TrafficMode: b.TrafficMode, SecurityGroupIDs: b.SecurityGroupIDs,
-			EnterpriseSecurityGroupIDs: b.EnterpriseSecurityGroupIDs, Tags: b.Tags}
-		for _, p := range b.PrivateIPSet {
-			in.PrivateIPs = append(in.PrivateIPs, IPRequest{Addr: p.PrivateIPAddress, Primary: p.Primary, Subnet: p.SubnetID})
-		}
-		c.arg = in
+		arg, err = decodeCreateENI(body)
 	case OpAttachENI, OpDetachENI:
-		var b eniInstanceBody
-		if err := decodeJSON(body, &b); err != nil {
-			return err
-		}
-		if b.InstanceID == nil || *b.InstanceID == "" {
-			return errBadParam("instanceId is required")
-		}
-		c.arg = *b.InstanceID
+		arg, err = decodeInstanceID(body)
 	case OpAddPrivateIP:
-		var b privateIPBody
-		if err := decodeJSON(body, &b); err != nil {
-			return err
-		}
-		if b.IsIPv6 {
-			return errNoIPv6
-		}
-		c.arg = AddIPsInput{IPs: []IPRequest{{Addr: b.PrivateIPAddress}}}
+		arg, err = decodeAddIP(body)
 	case OpBatchAddPrivateIP:
-		var b batchIPBody
-		if err := decodeJSON(body, &b); err != nil {
-			return err
-		}
-		if b.IsIPv6 {
-			return errNoIPv6
-		}
-		in := AddIPsInput{Count: b.PrivateIPAddressCount}
-		for _, a := range b.PrivateIPAddresses {
-			if a == "" {
-				return errBadParam("privateIpAddresses holds an empty address")
-			}
-			in.IPs = append(in.IPs, IPRequest{Addr: a})
-		}
-		c.arg = in
+		arg, err = decodeBatchAdd(body)
 	case OpBatchAddPrivateIPCrossSubnet:
-		var b crossSubnetBody
-		if err := decodeJSON(body, &b); err != nil {
-			return err
-		}
-		if b.IsIPv6 {
-			return errNoIPv6
-		}
-		in := AddIPsInput{Count: b.PrivateIPAddressCount, CountSubnet: b.SubnetID}
-		for _, p := range b.PrivateIPs {
-			sid := p.SubnetID
-			if sid == "" {
-				sid = b.SubnetID
-			}
-			in.IPs = append(in.IPs, IPRequest{Addr: p.PrivateIPAddress, Subnet: sid})
-		}
-		c.arg = in
+		arg, err = decodeCrossSubnetAdd(body)
 	case OpDeletePrivateIP:
-		c.arg = []string{c.ip}
+		arg = []string{c.ip}
 	case OpBatchDeletePrivateIP:
 		var b batchIPBody
-		if err := decodeJSON(body, &b); err != nil {
-			return err
-		}
-		c.arg = b.PrivateIPAddresses
+		err = decodeJSON(body, &b)
+		arg = b.PrivateIPAddresses
+	default:
+		return nil
 	}
+	if err != nil {
+		return err
+	}
+	c.arg = arg
 	return nil
+}
+
+// decodeList reads the query of a list call.
+func decodeList(q url.Values) (listArgs, *APIError) {
+	mk, err := parseMaxKeys(q)
+	if err != nil {
+		return listArgs{}, err
+	}
+	a := listArgs{
+		marker:     q.Get("marker"),
+		maxKeys:    mk,
+		instanceID: q.Get("instanceId"),
+		vpcID:      q.Get("vpcId"),
+		eniID:      q.Get("eniId"),
+	}
+	a.eni = ENIFilter{VPCID: a.vpcID, InstanceID: a.instanceID, Name: q.Get("name")}
+	if ips := q.Get("privateIpAddress"); ips != "" {
+		a.eni.PrivateIPs = strings.Split(ips, ",")
+	}
+	a.subnet = SubnetFilter{VPCID: a.vpcID, ZoneName: q.Get("zoneName"), SubnetType: q.Get("subnetType")}
+	if ids := q.Get("subnetIds"); ids != "" {
+		a.subnet.SubnetIDs = strings.Split(ids, ",")
+	}
+	return a, nil
+}
+
+func decodeCreateENI(body []byte) (CreateENIInput, *APIError) {
+	var b createENIBody
+	if err := decodeJSON(body, &b); err != nil {
+		return CreateENIInput{}, err
+	}
+	if len(b.IPv6PrivateIPSet) > 0 {
+		return CreateENIInput{}, errNoIPv6
+	}
+	in := CreateENIInput{
+		Name:                       b.Name,
+		SubnetID:                   b.SubnetID,
+		InstanceID:                 b.InstanceID,
+		Description:                b.Description,
+		TrafficMode:                b.TrafficMode,
+		SecurityGroupIDs:           b.SecurityGroupIDs,
+		EnterpriseSecurityGroupIDs: b.EnterpriseSecurityGroupIDs,
+		Tags:                       b.Tags,
+	}
+	for _, p := range b.PrivateIPSet {
+		in.PrivateIPs = append(in.PrivateIPs, IPRequest{Addr: p.PrivateIPAddress, Primary: p.Primary, Subnet: p.SubnetID})
+	}
+	return in, nil
+}
+
+// decodeInstanceID reads the instance of an attach or detach.
+func decodeInstanceID(body []byte) (string, *APIError) {
+	var b eniInstanceBody
+	if err := decodeJSON(body, &b); err != nil {
+		return "", err
+	}
+	if b.InstanceID == nil || *b.InstanceID == "" {
+		return "", errBadParam("instanceId is required")
+	}
+	return *b.InstanceID, nil
+}
+
+func decodeAddIP(body []byte) (AddIPsInput, *APIError) {
+	var b privateIPBody
+	if err := decodeJSON(body, &b); err != nil {
+		return AddIPsInput{}, err
+	}
+	if b.IsIPv6 {
+		return AddIPsInput{}, errNoIPv6
+	}
+	return AddIPsInput{IPs: []IPRequest{{Addr: b.PrivateIPAddress}}}, nil
+}
+
+func decodeBatchAdd(body []byte) (AddIPsInput, *APIError) {
+	var b batchIPBody
+	if err := decodeJSON(body, &b); err != nil {
+		return AddIPsInput{}, err
+	}
+	if b.IsIPv6 {
+		return AddIPsInput{}, errNoIPv6
+	}
+	in := AddIPsInput{Count: b.PrivateIPAddressCount}
+	for _, a := range b.PrivateIPAddresses {
+		if a == "" {
+			return AddIPsInput{}, errBadParam("privateIpAddresses holds an empty address")
+		}
+		in.IPs = append(in.IPs, IPRequest{Addr: a})
+	}
+	return in, nil
+}
+
+// decodeCrossSubnetAdd reads a cross-subnet batch add; an address without a
+// subnet is in the call's.
+func decodeCrossSubnetAdd(body []byte) (AddIPsInput, *APIError) {
+	var b crossSubnetBody
+	if err := decodeJSON(body, &b); err != nil {
+		return AddIPsInput{}, err
+	}
+	if b.IsIPv6 {
+		return AddIPsInput{}, errNoIPv6
+	}
+	in := AddIPsInput{Count: b.PrivateIPAddressCount, CountSubnet: b.SubnetID}
+	for _, p := range b.PrivateIPs {
+		sid := p.SubnetID
+		if sid == "" {
+			sid = b.SubnetID
+		}
+		in.IPs = append(in.IPs, IPRequest{Addr: p.PrivateIPAddress, Subnet: sid})
+	}
+	return in, nil
 }

@@ -104,49 +104,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	switch {
-	case o.sim.CNIEndpoint == "" && len(o.sim.CNIEndpoints) == 0:
-		return errors.New("--cni-endpoint or --cni-endpoints is required")
-	case o.nodes < 0 || o.nodeStart < 0:
-		return errors.New("--nodes and --node-start must not be negative")
-	}
-	if err := o.sim.Validate(); err != nil {
-		return err
-	}
-	restCfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-		&clientcmd.ClientConfigLoadingRules{ExplicitPath: o.kubeconfig}, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return fmt.Errorf("kubeconfig: %w", err)
-	}
-	restCfg.QPS, restCfg.Burst, restCfg.UserAgent = o.qps, o.burst, "kubelet-sim"
-	kube, err := kubernetes.NewForConfig(restCfg)
-	if err != nil {
-		return err
-	}
-	cceCS, err := cceclient.NewForConfig(restCfg)
-	if err != nil {
+	if err := o.validate(); err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	deps := kubeletsim.Deps{Kube: kube, CCE: cceCS}
-	if o.nodes > 0 {
-		if o.cloud.Endpoint == "" {
-			return errors.New("--bce-endpoint is required to register nodes")
-		}
-		client, err := cloud.New(o.cloud, log.With("component", "cloud"), reg)
-		if err != nil {
-			return err
-		}
-		defer client.Close()
-		admin := o.adminURL
-		if admin == "" {
-			admin = o.cloud.Endpoint
-			if !strings.Contains(admin, "://") {
-				admin = "http://" + admin
-			}
-		}
-		deps.Instances, deps.ENIs = kubeletsim.AdminInstances(admin, &http.Client{Timeout: 30 * time.Second}), client
+	deps, closeDeps, err := o.deps(log, reg)
+	if err != nil {
+		return err
 	}
+	defer closeDeps()
 	sim, err := kubeletsim.New(o.sim, deps, log, reg)
 	if err != nil {
 		return err
@@ -155,24 +121,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return sim.Run(ctx) })
 	if o.metricsListen != "" {
-		lis, err := net.Listen("tcp", o.metricsListen)
-		if err != nil {
-			return fmt.Errorf("--metrics-listen: %w", err)
+		if err := serveMetrics(ctx, g, o.metricsListen, reg, log); err != nil {
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		g.Go(func() error {
-			if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-ctx.Done()
-			return srv.Close()
-		})
-		log.Info("serving metrics", "addr", lis.Addr().String())
 	}
 	if o.nodes > 0 {
 		g.Go(func() error {
@@ -202,6 +153,81 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	err = g.Wait()
 	logStats(log, sim.Stats())
 	return err
+}
+
+// validate reports options that cannot work together.
+func (o options) validate() error {
+	switch {
+	case o.sim.CNIEndpoint == "" && len(o.sim.CNIEndpoints) == 0:
+		return errors.New("--cni-endpoint or --cni-endpoints is required")
+	case o.nodes < 0 || o.nodeStart < 0:
+		return errors.New("--nodes and --node-start must not be negative")
+	}
+	return o.sim.Validate()
+}
+
+// deps connects to the API server and, when nodes are registered, to the
+// cloud (instances through bce-sim's admin API, ENIs through the BCE API).
+// The returned func closes what was opened.
+func (o options) deps(log *slog.Logger, reg prometheus.Registerer) (kubeletsim.Deps, func(), error) {
+	none := func() {}
+	restCfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: o.kubeconfig}, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return kubeletsim.Deps{}, none, fmt.Errorf("kubeconfig: %w", err)
+	}
+	restCfg.QPS, restCfg.Burst, restCfg.UserAgent = o.qps, o.burst, "kubelet-sim"
+	kube, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return kubeletsim.Deps{}, none, err
+	}
+	cceCS, err := cceclient.NewForConfig(restCfg)
+	if err != nil {
+		return kubeletsim.Deps{}, none, err
+	}
+	deps := kubeletsim.Deps{Kube: kube, CCE: cceCS}
+	if o.nodes == 0 {
+		return deps, none, nil
+	}
+	if o.cloud.Endpoint == "" {
+		return kubeletsim.Deps{}, none, errors.New("--bce-endpoint is required to register nodes")
+	}
+	client, err := cloud.New(o.cloud, log.With("component", "cloud"), reg)
+	if err != nil {
+		return kubeletsim.Deps{}, none, err
+	}
+	admin := o.adminURL
+	if admin == "" {
+		admin = o.cloud.Endpoint
+		if !strings.Contains(admin, "://") {
+			admin = "http://" + admin
+		}
+	}
+	deps.Instances, deps.ENIs = kubeletsim.AdminInstances(admin, &http.Client{Timeout: 30 * time.Second}), client
+	return deps, client.Close, nil
+}
+
+// serveMetrics serves /metrics on addr in g until ctx ends.
+func serveMetrics(ctx context.Context, g *errgroup.Group, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	g.Go(func() error {
+		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		return srv.Close()
+	})
+	log.Info("serving metrics", "addr", lis.Addr().String())
+	return nil
 }
 
 func logStats(log *slog.Logger, s kubeletsim.Stats) {

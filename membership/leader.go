@@ -154,18 +154,49 @@ func (e *Elector) Run(ctx context.Context) error {
 
 // term runs one client-go elector until it has led and lost, or ctx ended.
 func (e *Elector) term(ctx context.Context) error {
+	started := make(chan context.Context, 1)
+	le, closeReports, err := e.newElector(started)
+	if err != nil {
+		return err
+	}
+	defer closeReports()
+
+	// client-go's context is cancelled only after our duty has stopped, so
+	// the Lease is released after, never before, the duty ends.
+	leCtx, leCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer leCancel()
+	leDone := make(chan struct{})
+	go func() { defer close(leDone); le.Run(leCtx) }()
+
+	var lctx context.Context
+	select {
+	case <-ctx.Done():
+		leCancel()
+		<-leDone
+		return nil
+	case <-leDone:
+		return nil
+	case lctx = <-started:
+	}
+	e.lead(ctx, lctx)
+	leCancel()
+	<-leDone
+	return nil
+}
+
+// newElector builds one term's client-go elector over the Lease; started
+// receives the term's context when it leads. closeReports drops the new-leader
+// reports client-go still sends from its own goroutines once the term is over.
+func (e *Elector) newElector(started chan<- context.Context) (le *leaderelection.LeaderElector, closeReports func(), err error) {
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metaObject(e.cfg.Namespace, e.cfg.Name),
 		Client:     e.client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: e.identity},
 	}
-	started := make(chan context.Context, 1)
-	// client-go reports a new leader from goroutines of its own; once the
-	// term is over, late reports are dropped instead of reaching the user.
 	var reportMu sync.Mutex
 	reportOpen := true
-	defer func() { reportMu.Lock(); reportOpen = false; reportMu.Unlock() }()
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+	closeReports = func() { reportMu.Lock(); reportOpen = false; reportMu.Unlock() }
+	le, err = leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock:            lock,
 		LeaseDuration:   e.cfg.LeaseDuration,
 		RenewDeadline:   e.cfg.RenewDeadline,
@@ -191,27 +222,14 @@ func (e *Elector) term(ctx context.Context) error {
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("leader election: %w", err)
+		return nil, func() {}, fmt.Errorf("leader election: %w", err)
 	}
+	return le, closeReports, nil
+}
 
-	// client-go's context is cancelled only after our duty has stopped, so
-	// the Lease is released after, never before, the duty ends.
-	leCtx, leCancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer leCancel()
-	leDone := make(chan struct{})
-	go func() { defer close(leDone); le.Run(leCtx) }()
-
-	var lctx context.Context
-	select {
-	case <-ctx.Done():
-		leCancel()
-		<-leDone
-		return nil
-	case <-leDone:
-		return nil
-	case lctx = <-started:
-	}
-
+// lead runs the duty from winning the Lease (lctx) until ctx ends or the
+// Lease is lost, and returns once the duty has stopped.
+func (e *Elector) lead(ctx, lctx context.Context) {
 	e.leader.Store(true)
 	e.metrics.isLeader.Set(1)
 	e.metrics.transitions.Inc()
@@ -236,9 +254,6 @@ func (e *Elector) term(ctx context.Context) error {
 		e.cb.OnStoppedLeading()
 	}
 	e.log.Info("stopped leading", "lease", e.cfg.Namespace+"/"+e.cfg.Name, "identity", e.identity, "released", ctx.Err() != nil)
-	leCancel()
-	<-leDone
-	return nil
 }
 
 func metaObject(namespace, name string) metav1.ObjectMeta {

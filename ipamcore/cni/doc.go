@@ -13,7 +13,18 @@
 //	rpc.RegisterCNIBackendServer(grpcServer, srv)
 //
 // Failures travel as IsSuccess=false with ErrMsg, never as gRPC status errors:
-// the reference CNI plugin only reads IsSuccess. Allocations and releases have
-// separate concurrency limits (the reference counted allocations against the
-// release limit too, so a burst of ADDs could starve DELs that free IPs).
+// the reference CNI plugin only reads IsSuccess. A refusal another replica may
+// serve (podip.ErrNotHere) is also marked in the gRPC trailer
+// "cce-ipam-refusal: not-here"; a replica that forwarded the call reads it
+// back with RefusalError instead of matching the message's text:
+//
+//	var md metadata.MD
+//	reply, err := client.AllocateIP(ctx, req, grpc.Trailer(&md))
+//	if err == nil && !reply.IsSuccess {
+//		err = cni.RefusalError(md, reply.ErrMsg) // errors.Is(err, podip.ErrNotHere)?
+//	}
+//
+// Allocations and releases have separate concurrency limits (the reference
+// counted allocations against the release limit too, so a burst of ADDs could
+// starve DELs that free IPs).
 package cni

@@ -160,6 +160,7 @@ func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, 
 	defer cancel()
 	ep, ok, err := fn(ctx, pod)
 	if err != nil {
+		setRefusalTrailer(ctx, err)
 		s.metrics.observe(method, resultError, start)
 		s.log.Warn("CNI call failed", "method", method, "pod", pod.String(), "err", err, "duration", time.Since(start))
 		return podip.Endpoint{}, false, fmt.Errorf("%s %s: %w", method, pod, err)

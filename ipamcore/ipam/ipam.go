@@ -26,6 +26,7 @@ import (
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	cceinformers "github.com/cce-ipam/sharded/ipamcore/generated/informers/externalversions"
 	ccelisters "github.com/cce-ipam/sharded/ipamcore/generated/listers/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 	"github.com/cce-ipam/sharded/ipamcore/pool"
 )
 
@@ -60,12 +61,14 @@ type Fence interface {
 	MayAct(node string) (until time.Time, err error)
 }
 
-// ErrFenced wraps a Fence's refusal.
-var ErrFenced = errors.New("fenced: this replica may no longer act for the node")
+// ErrFenced wraps a Fence's refusal. It is a podip.ErrNotHere: the node's
+// owner may be another replica now.
+var ErrFenced = podip.NotHere("fenced: this replica may no longer act for the node")
 
 // ErrNodeNotServed is returned for a pod whose node this IPAM does not serve
-// (yet): the caller routes the request to the node's owner or retries.
-var ErrNodeNotServed = errors.New("node not served by this replica")
+// (yet): the caller routes the request to the node's owner or retries. It is
+// a podip.ErrNotHere.
+var ErrNodeNotServed = podip.NotHere("node not served by this replica")
 
 // ErrNotRunning is returned by ServeNode before Run has synced its caches.
 var ErrNotRunning = errors.New("ipam is not running")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned test tools into a bin directory from the Go module proxy.
-# Usage: e2e/tools/build.sh BIN_DIR [TOOL...]   (TOOL: etcd kube helm; default all)
+# Usage: e2e/tools/build.sh BIN_DIR [TOOL...]   (TOOL: etcd kube helm lint; default all)
 #
 # Each tool's version is read from its own tools module's go.mod, so that file
 # is the single pin. A tool whose recorded version (BIN_DIR/.versions/NAME)
@@ -62,7 +62,7 @@ kube_ldflags() {
 }
 
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(etcd kube helm)
+[ ${#want[@]} -gt 0 ] || want=(etcd kube helm lint)
 for t in "${want[@]}"; do
 	case "$t" in
 	etcd) build etcd "$tools_dir/etcd" go.etcd.io/etcd/server/v3 "" etcd=go.etcd.io/etcd/server/v3 ;;
@@ -71,6 +71,8 @@ for t in "${want[@]}"; do
 		kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager ;;
 	helm) build helm "$tools_dir/helm" helm.sh/helm/v3 "-X helm.sh/helm/v3/internal/version.version=@VERSION@" \
 		helm=helm.sh/helm/v3/cmd/helm ;;
-	*) echo "unknown tool $t (want etcd, kube or helm)" >&2; exit 2 ;;
+	lint) build golangci-lint "$tools_dir/golangci-lint" github.com/golangci/golangci-lint/v2 "-X main.version=@VERSION@" \
+		golangci-lint=github.com/golangci/golangci-lint/v2/cmd/golangci-lint ;;
+	*) echo "unknown tool $t (want etcd, kube, helm or lint)" >&2; exit 2 ;;
 	esac
 done

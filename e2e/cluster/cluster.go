@@ -24,6 +24,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/cce-ipam/sharded/e2e/supervisor"
 )
 
 // Options configures a control plane. The zero value starts etcd and
@@ -79,7 +81,7 @@ type Cluster struct {
 	ownDir    bool
 	binDir    string
 	etcdURL   string
-	procs     []*process // in start order; stopped in reverse
+	procs     []*supervisor.Process // in start order; stopped in reverse
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -147,7 +149,7 @@ func (c *Cluster) start(ctx context.Context, opts Options) error {
 func (c *Cluster) startEtcd(ctx context.Context, binDir string, port, peerPort int) error {
 	c.etcdURL = "http://127.0.0.1:" + strconv.Itoa(port)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
-	p, err := startProcess(c.Dir, "etcd", filepath.Join(binDir, "etcd"),
+	p, err := c.startProcess("etcd", filepath.Join(binDir, "etcd"),
 		"--name=default",
 		"--data-dir="+filepath.Join(c.Dir, "etcd-data"),
 		"--listen-client-urls="+c.etcdURL,
@@ -189,7 +191,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, binDir string, port int) e
 		return err
 	}
 	host := "https://127.0.0.1:" + strconv.Itoa(port)
-	p, err := startProcess(c.Dir, "kube-apiserver", filepath.Join(binDir, "kube-apiserver"),
+	p, err := c.startProcess("kube-apiserver", filepath.Join(binDir, "kube-apiserver"),
 		"--etcd-servers="+c.etcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
@@ -264,7 +266,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, binDir string, port int) e
 }
 
 func (c *Cluster) startControllerManager(ctx context.Context, binDir string) error {
-	p, err := startProcess(c.Dir, "kube-controller-manager", filepath.Join(binDir, "kube-controller-manager"),
+	p, err := c.startProcess("kube-controller-manager", filepath.Join(binDir, "kube-controller-manager"),
 		"--kubeconfig="+c.Kubeconfig,
 		"--bind-address=127.0.0.1",
 		// No serving endpoint: readiness is judged by its effects below.
@@ -297,7 +299,7 @@ func (c *Cluster) Close() error {
 	c.closeOnce.Do(func() {
 		var errs []error
 		for i := len(c.procs) - 1; i >= 0; i-- {
-			if err := c.procs[i].stop(10 * time.Second); err != nil {
+			if err := c.procs[i].Stop(10 * time.Second); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -313,7 +315,7 @@ func (c *Cluster) Close() error {
 func (c *Cluster) PIDs() map[string]int {
 	out := make(map[string]int, len(c.procs))
 	for _, p := range c.procs {
-		out[p.name] = p.pid()
+		out[p.Name()] = p.PID()
 	}
 	return out
 }
@@ -322,7 +324,7 @@ func (c *Cluster) PIDs() map[string]int {
 func (c *Cluster) Logs(lines int) string {
 	var s string
 	for _, p := range c.procs {
-		s += fmt.Sprintf("==> %s <==\n%s\n", p.name, p.logTail(lines))
+		s += fmt.Sprintf("==> %s <==\n%s\n", p.Name(), p.LogTail(lines))
 	}
 	return s
 }
@@ -370,15 +372,27 @@ func removeAbandonedDirs() {
 		if err != nil {
 			continue // being created right now, or not ours
 		}
-		if pid, err := strconv.Atoi(string(data)); err == nil && !ProcessAlive(pid) {
+		if pid, err := strconv.Atoi(string(data)); err == nil && !supervisor.Alive(pid) {
 			_ = os.RemoveAll(dir)
 		}
 	}
 }
 
+// startProcess runs one component in the working directory, its output in
+// Dir/<name>.log.
+func (c *Cluster) startProcess(name, bin string, args ...string) (*supervisor.Process, error) {
+	return supervisor.Start(supervisor.Spec{
+		Name:    name,
+		Bin:     bin,
+		Args:    args,
+		Dir:     c.Dir,
+		LogPath: filepath.Join(c.Dir, name+".log"),
+	})
+}
+
 // waitFor polls ready every 100ms until it returns true, the process exits, or
 // ctx ends.
-func waitFor(ctx context.Context, p *process, what string, ready func() bool) error {
+func waitFor(ctx context.Context, p *supervisor.Process, what string, ready func() bool) error {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -386,10 +400,10 @@ func waitFor(ctx context.Context, p *process, what string, ready func() bool) er
 			return nil
 		}
 		select {
-		case <-p.exited:
-			return p.exitError()
+		case <-p.Exited():
+			return p.ExitError()
 		case <-ctx.Done():
-			return fmt.Errorf("wait for %s: %w; last log lines:\n%s", what, ctx.Err(), p.logTail(30))
+			return fmt.Errorf("wait for %s: %w; last log lines:\n%s", what, ctx.Err(), p.LogTail(30))
 		case <-tick.C:
 		}
 	}

@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
+
+	"github.com/cce-ipam/sharded/e2e/supervisor"
 )
 
 // orphanProbeEnv turns the test binary into a child that starts a control
@@ -200,7 +202,7 @@ func TestCluster_CloseStopsEverything(t *testing.T) {
 		t.Fatalf("PIDs = %v, want etcd and kube-apiserver", pids)
 	}
 	for name, pid := range pids {
-		if !ProcessAlive(pid) {
+		if !supervisor.Alive(pid) {
 			t.Fatalf("%s (pid %d) not running before Close", name, pid)
 		}
 	}
@@ -208,7 +210,7 @@ func TestCluster_CloseStopsEverything(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 	for name, pid := range pids {
-		if ProcessAlive(pid) {
+		if supervisor.Alive(pid) {
 			t.Errorf("%s (pid %d) still running after Close", name, pid)
 		}
 	}
@@ -261,7 +263,7 @@ func TestCluster_KilledOwnerTakesChildren(t *testing.T) {
 		}
 	})
 	for name, pid := range pids {
-		if !ProcessAlive(pid) {
+		if !supervisor.Alive(pid) {
 			t.Fatalf("%s (pid %d) not running in the probe", name, pid)
 		}
 	}
@@ -273,7 +275,7 @@ func TestCluster_KilledOwnerTakesChildren(t *testing.T) {
 	err = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true,
 		func(context.Context) (bool, error) {
 			for _, pid := range pids {
-				if ProcessAlive(pid) {
+				if supervisor.Alive(pid) {
 					return false, nil
 				}
 			}

@@ -4,11 +4,10 @@
 //
 // The binaries are the pinned ones that `make tools` builds into bin/ from the
 // Go module proxy; nothing here downloads anything. Every process binds to a
-// free 127.0.0.1 port, lives in its own process group inside a temporary
-// directory, and is stopped by Close. If the test binary itself dies (SIGKILL,
-// a panic, `go test -timeout`), the kernel kills the children too: each one is
-// started with a parent-death signal from a thread that stays alive for as long
-// as the child runs.
+// free 127.0.0.1 port, runs in a temporary directory under e2e/supervisor (its
+// own process group, a parent-death signal), and is stopped by Close. If the
+// test binary itself dies (SIGKILL, a panic, `go test -timeout`), the kernel
+// kills the children too.
 //
 // A typical test package shares one control plane across its tests:
 //

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/cce-ipam/sharded/e2e/cluster"
+	"github.com/cce-ipam/sharded/e2e/supervisor"
 )
 
 // RestartAPIServer stops kube-apiserver (SIGTERM, SIGKILL after 5s: its
@@ -33,11 +33,11 @@ func (f *Fleet) RestartAPIServer(ctx context.Context, downFor time.Duration) err
 	f.mu.Unlock()
 	var pid int
 	if old != nil {
-		pid = old.pid()
+		pid = old.PID()
 	} else {
 		pid = f.Cluster.PIDs()["kube-apiserver"]
 	}
-	if pid == 0 || !cluster.ProcessAlive(pid) {
+	if pid == 0 || !supervisor.Alive(pid) {
 		return errors.New("fleet: kube-apiserver is not running")
 	}
 	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
@@ -55,14 +55,14 @@ func (f *Fleet) RestartAPIServer(ctx context.Context, downFor time.Duration) err
 	}
 
 	if old != nil {
-		if err := old.stop(5 * time.Second); err != nil {
+		if err := old.Stop(5 * time.Second); err != nil {
 			return err
 		}
 	} else {
 		// e2e/cluster started it in its own process group and reaps it.
 		_ = syscall.Kill(-pid, syscall.SIGTERM)
 		deadline := time.Now().Add(5 * time.Second)
-		for cluster.ProcessAlive(pid) {
+		for supervisor.Alive(pid) {
 			if time.Now().After(deadline) {
 				_ = syscall.Kill(-pid, syscall.SIGKILL)
 			}
@@ -73,7 +73,12 @@ func (f *Fleet) RestartAPIServer(ctx context.Context, downFor time.Duration) err
 	case <-time.After(downFor):
 	case <-ctx.Done():
 	}
-	p, err := startProc("kube-apiserver", filepath.Join(f.Dir, "kube-apiserver-restarted.log"), bin, args...)
+	p, err := supervisor.Start(supervisor.Spec{
+		Name:    "kube-apiserver",
+		Bin:     bin,
+		Args:    args,
+		LogPath: filepath.Join(f.Dir, "kube-apiserver-restarted.log"),
+	})
 	if err != nil {
 		return err
 	}
@@ -91,10 +96,10 @@ func (f *Fleet) RestartAPIServer(ctx context.Context, downFor time.Duration) err
 			}
 		}
 		select {
-		case <-p.exited:
-			return fmt.Errorf("fleet: restarted kube-apiserver exited: %v\n%s", p.waitErr, logTail(p.logPath, 30))
+		case <-p.Exited():
+			return fmt.Errorf("fleet: restarted kube-apiserver exited: %v\n%s", p.WaitErr(), p.LogTail(30))
 		case <-ctx.Done():
-			return fmt.Errorf("fleet: restarted kube-apiserver not serving: %w\n%s", ctx.Err(), logTail(p.logPath, 30))
+			return fmt.Errorf("fleet: restarted kube-apiserver not serving: %w\n%s", ctx.Err(), p.LogTail(30))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

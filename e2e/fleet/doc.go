@@ -3,8 +3,8 @@
 // e2e/cluster), bce-sim, N cce-ipam replicas and an in-process kubelet
 // simulator with M nodes that spreads its CNI calls over every replica.
 //
-// Every process gets free 127.0.0.1 ports, its own process group and SIGKILL
-// as parent-death signal (the e2e/cluster recipe), so nothing outlives the
+// Every process gets free 127.0.0.1 ports and runs under e2e/supervisor (its
+// own process group, SIGKILL as parent-death signal), so nothing outlives the
 // test binary even when it is killed. Logs go to Dir: bce-sim.log,
 // replica-<i>.log (appended across restarts), kubelet-sim.log.
 //

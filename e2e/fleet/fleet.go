@@ -26,6 +26,7 @@ import (
 	"github.com/cce-ipam/sharded/e2e/cluster"
 	"github.com/cce-ipam/sharded/e2e/invariants"
 	"github.com/cce-ipam/sharded/e2e/kubeletsim"
+	"github.com/cce-ipam/sharded/e2e/supervisor"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 )
@@ -57,15 +58,15 @@ type Fleet struct {
 	replicaKubeconfig string
 	gossipKey         string // file paths, shared by every replica
 	forwardKey        string
-	sim               *proc
+	sim               *supervisor.Process
 	simURL            string
 
 	mu        sync.Mutex
 	replicas  []*Replica
 	nextIndex int
 	nodes     []string
-	nodeSeq   int   // next node number
-	apiserver *proc // a restarted kube-apiserver (see RestartAPIServer)
+	nodeSeq   int                 // next node number
+	apiserver *supervisor.Process // a restarted kube-apiserver (see RestartAPIServer)
 	netns     *netnsNet
 
 	kubeletMu     sync.Mutex
@@ -440,13 +441,13 @@ func (f *Fleet) Close() error {
 			f.Cloud.Close()
 		}
 		if f.sim != nil {
-			errs = append(errs, f.sim.stop(5*time.Second))
+			errs = append(errs, f.sim.Stop(5*time.Second))
 		}
 		f.mu.Lock()
 		api := f.apiserver
 		f.mu.Unlock()
 		if api != nil {
-			errs = append(errs, api.stop(10*time.Second))
+			errs = append(errs, api.Stop(10*time.Second))
 		}
 		if f.Cluster != nil {
 			errs = append(errs, f.Cluster.Close())
@@ -479,8 +480,8 @@ func (f *Fleet) LogTails(lines int) string {
 	for _, r := range f.Replicas() {
 		fmt.Fprintf(&b, "==> replica %d (%s) <==\n%s\n", r.index, r.logPath, r.Logs(lines))
 	}
-	fmt.Fprintf(&b, "==> bce-sim <==\n%s\n", logTail(filepath.Join(f.Dir, "bce-sim.log"), lines/2))
-	fmt.Fprintf(&b, "==> kubelet-sim <==\n%s\n", logTail(filepath.Join(f.Dir, "kubelet-sim.log"), lines/2))
+	fmt.Fprintf(&b, "==> bce-sim <==\n%s\n", supervisor.LogTail(filepath.Join(f.Dir, "bce-sim.log"), lines/2))
+	fmt.Fprintf(&b, "==> kubelet-sim <==\n%s\n", supervisor.LogTail(filepath.Join(f.Dir, "kubelet-sim.log"), lines/2))
 	if f.Cluster != nil {
 		b.WriteString(f.Cluster.Logs(lines / 4))
 	}

@@ -14,7 +14,7 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/cce-ipam/sharded/e2e/cluster"
+	"github.com/cce-ipam/sharded/e2e/supervisor"
 )
 
 // netnsNet is the fleet's network when Options.NetNS is set: a bridge on
@@ -71,7 +71,7 @@ func removeAbandonedNetNS() {
 			continue
 		}
 		pid, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
-		if err == nil && !cluster.ProcessAlive(pid) {
+		if err == nil && !supervisor.Alive(pid) {
 			_ = ipCmd("netns", "del", e.Name())
 			_ = ipCmd("link", "del", "ce"+strconv.Itoa(pid)+"b")
 		}

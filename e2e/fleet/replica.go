@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cce-ipam/sharded/e2e/supervisor"
 )
 
 // Replica is one cce-ipam process of the fleet. Its ports stay the same
@@ -28,7 +30,7 @@ type Replica struct {
 	logPath     string
 
 	mu       sync.Mutex
-	p        *proc
+	p        *supervisor.Process
 	removed  bool
 	starts   int
 	lastArgs []string
@@ -96,7 +98,7 @@ func (r *Replica) NetNS() string { return r.netns }
 func (r *Replica) LogPath() string { return r.logPath }
 
 // Logs returns the last n lines of its log.
-func (r *Replica) Logs(n int) string { return logTail(r.logPath, n) }
+func (r *Replica) Logs(n int) string { return supervisor.LogTail(r.logPath, n) }
 
 // Args returns the command line of its latest start.
 func (r *Replica) Args() []string {
@@ -112,14 +114,14 @@ func (r *Replica) PID() int {
 	if r.p == nil {
 		return 0
 	}
-	return r.p.pid()
+	return r.p.PID()
 }
 
 // Running reports whether its process is alive (a SIGSTOPped process is).
 func (r *Replica) Running() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.p != nil && r.p.running()
+	return r.p != nil && r.p.Running()
 }
 
 // Removed reports whether Remove was called.
@@ -182,7 +184,7 @@ func (r *Replica) args() []string {
 // replicas.
 func (r *Replica) Start(ctx context.Context) error {
 	r.mu.Lock()
-	if r.p != nil && r.p.running() {
+	if r.p != nil && r.p.Running() {
 		r.mu.Unlock()
 		return fmt.Errorf("replica %d is running", r.index)
 	}
@@ -190,7 +192,7 @@ func (r *Replica) Start(ctx context.Context) error {
 	r.mu.Unlock()
 	args := r.args() // locks the peers, never r
 	r.mu.Lock()
-	if r.p != nil && r.p.running() {
+	if r.p != nil && r.p.Running() {
 		r.mu.Unlock()
 		return fmt.Errorf("replica %d is running", r.index)
 	}
@@ -205,7 +207,12 @@ func (r *Replica) Start(ctx context.Context) error {
 			bin = path
 		}
 	}
-	p, err := startProc(fmt.Sprintf("replica-%d", r.index), r.logPath, bin, cmd...)
+	p, err := supervisor.Start(supervisor.Spec{
+		Name:    fmt.Sprintf("replica-%d", r.index),
+		Bin:     bin,
+		Args:    cmd,
+		LogPath: r.logPath,
+	})
 	if err != nil {
 		r.mu.Unlock()
 		return err
@@ -213,7 +220,7 @@ func (r *Replica) Start(ctx context.Context) error {
 	r.p, r.lastArgs = p, args
 	r.starts++
 	r.mu.Unlock()
-	r.f.opts.Logger.Info("replica started", "replica", r.index, "pid", p.pid(), "grpc", r.grpcAddr, "metrics", r.metricsAddr)
+	r.f.opts.Logger.Info("replica started", "replica", r.index, "pid", p.PID(), "grpc", r.grpcAddr, "metrics", r.metricsAddr)
 	return r.WaitReady(ctx)
 }
 
@@ -230,8 +237,8 @@ func (r *Replica) WaitReady(ctx context.Context) error {
 	defer t.Stop()
 	for !r.Ready() {
 		select {
-		case <-p.exited:
-			return fmt.Errorf("replica %d exited (%v) before it was ready:\n%s", r.index, p.waitErr, r.Logs(30))
+		case <-p.Exited():
+			return fmt.Errorf("replica %d exited (%v) before it was ready:\n%s", r.index, p.WaitErr(), r.Logs(30))
 		case <-ctx.Done():
 			return fmt.Errorf("replica %d not ready: %w:\n%s", r.index, ctx.Err(), r.Logs(30))
 		case <-t.C:
@@ -251,10 +258,10 @@ func (r *Replica) Ready() bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-func (r *Replica) current() (*proc, error) {
+func (r *Replica) current() (*supervisor.Process, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.p == nil || !r.p.running() {
+	if r.p == nil || !r.p.Running() {
 		return nil, fmt.Errorf("replica %d is not running", r.index)
 	}
 	return r.p, nil
@@ -266,7 +273,7 @@ func (r *Replica) Kill() error {
 	if err != nil {
 		return err
 	}
-	return p.kill()
+	return p.Kill()
 }
 
 // Stop freezes the process (SIGSTOP): it keeps its sockets but answers
@@ -276,17 +283,17 @@ func (r *Replica) Stop() error {
 	if err != nil {
 		return err
 	}
-	if err := p.signal(syscall.SIGSTOP); err != nil {
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
 		return err
 	}
 	// kill(2) returns before the process has stopped: a goroutine already on
 	// a CPU may still answer a request. Return once the kernel says stopped.
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if stoppedState(p.pid()) {
+		if stoppedState(p.PID()) {
 			return nil
 		}
 	}
-	return fmt.Errorf("replica %d (pid %d) did not stop within 2s of SIGSTOP", r.index, p.pid())
+	return fmt.Errorf("replica %d (pid %d) did not stop within 2s of SIGSTOP", r.index, p.PID())
 }
 
 // stoppedState reports whether /proc says the process is stopped (T).
@@ -307,7 +314,7 @@ func (r *Replica) Cont() error {
 	if err != nil {
 		return err
 	}
-	return p.signal(syscall.SIGCONT)
+	return p.Signal(syscall.SIGCONT)
 }
 
 // Terminate sends SIGTERM and waits for a graceful exit; after 30s it
@@ -317,16 +324,16 @@ func (r *Replica) Terminate() error {
 	if err != nil {
 		return err
 	}
-	_ = p.signal(syscall.SIGCONT)
-	if err := p.signal(syscall.SIGTERM); err != nil {
+	_ = p.Signal(syscall.SIGCONT)
+	if err := p.Signal(syscall.SIGTERM); err != nil {
 		return err
 	}
 	select {
-	case <-p.exited:
+	case <-p.Exited():
 		return nil
 	case <-time.After(30 * time.Second):
 	}
-	if err := p.kill(); err != nil {
+	if err := p.Kill(); err != nil {
 		return err
 	}
 	return fmt.Errorf("replica %d ignored SIGTERM for 30s and was killed", r.index)
@@ -337,10 +344,10 @@ func (r *Replica) Terminate() error {
 func (r *Replica) ExitError() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.p == nil || r.p.running() {
+	if r.p == nil || r.p.Running() {
 		return nil
 	}
-	return r.p.waitErr
+	return r.p.WaitErr()
 }
 
 // Restart terminates the replica if it runs (SIGTERM), then starts it again
@@ -374,7 +381,7 @@ func (r *Replica) stopProc(grace time.Duration) error {
 	if p == nil {
 		return nil
 	}
-	return p.stop(grace)
+	return p.Stop(grace)
 }
 
 // Metrics scrapes its /metrics.

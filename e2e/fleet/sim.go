@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cce-ipam/sharded/cloud/bcesim"
+	"github.com/cce-ipam/sharded/e2e/supervisor"
 )
 
 // startSim runs bce-sim with the fleet's world: one VPC, subnet and
@@ -36,16 +37,21 @@ func (f *Fleet) startSim(ctx context.Context) error {
 		args = append(args, "--rate-limit", fmt.Sprintf("%s=%g:%d", op, rl.QPS, rl.Burst))
 	}
 	args = append(args, o.SimArgs...)
-	p, err := startProc("bce-sim", filepath.Join(f.Dir, "bce-sim.log"), filepath.Join(o.BinDir, "bce-sim"), args...)
+	p, err := supervisor.Start(supervisor.Spec{
+		Name:    "bce-sim",
+		Bin:     filepath.Join(o.BinDir, "bce-sim"),
+		Args:    args,
+		LogPath: filepath.Join(f.Dir, "bce-sim.log"),
+	})
 	if err != nil {
 		return err
 	}
 	f.sim = p
 	select {
-	case line := <-p.firstLine:
+	case line := <-p.FirstLine():
 		f.simURL = strings.TrimSpace(line)
-	case <-p.exited:
-		return fmt.Errorf("fleet: bce-sim exited: %v\n%s", p.waitErr, logTail(p.logPath, 20))
+	case <-p.Exited():
+		return fmt.Errorf("fleet: bce-sim exited: %v\n%s", p.WaitErr(), p.LogTail(20))
 	case <-ctx.Done():
 		return fmt.Errorf("fleet: bce-sim printed no address: %w", ctx.Err())
 	}

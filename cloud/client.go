@@ -382,6 +382,12 @@ func (c *Client) retryAfter(ctx context.Context, op, resource string, e *Error, 
 	return 0, false
 }
 
+// errBadMarker is a truncated list page whose next marker cannot be used:
+// following it could loop or skip pages.
+func errBadMarker(op, marker string) *Error {
+	return &Error{Op: op, Class: ClassServer, Message: fmt.Sprintf("truncated page with unusable nextMarker %q", marker)}
+}
+
 // sdkRetryable is the SDK's own retry rule (bce.BackOffRetryPolicy), which
 // this client now applies itself: a request that failed in transport (unless
 // the context or the attempt's timeout ended it), 500, 502, 503, a 400 with
@@ -471,7 +477,7 @@ func validID(s string) bool {
 		return false
 	}
 	for _, r := range s {
-		if !(r == '-' || r == '_' || r == '.' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9')) {
+		if r != '-' && r != '_' && r != '.' && (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') {
 			return false
 		}
 	}
@@ -525,7 +531,8 @@ func (c *Client) ListENIs(ctx context.Context, opts ListENIsOptions) ([]ENI, err
 			// BCE matches the name loosely and a single address by suffix:
 			// keep exactly what was asked for.
 			if !strings.HasPrefix(r.Name, opts.NamePrefix) || (opts.InstanceID != "" && r.InstanceId != opts.InstanceID) ||
-				(opts.Instances != nil && !opts.Instances[r.InstanceId] && r.InstanceId != "" && ENIStatus(r.Status) != ENIStatusAvailable) {
+				(opts.Instances != nil && !opts.Instances[r.InstanceId] && r.InstanceId != "" &&
+					ENIStatus(r.Status) != ENIStatusAvailable) {
 				continue
 			}
 			e := fromSDKENI(r)
@@ -538,7 +545,7 @@ func (c *Client) ListENIs(ctx context.Context, opts ListENIsOptions) ([]ENI, err
 			return out, nil
 		}
 		if res.NextMarker == "" || seen[res.NextMarker] {
-			return nil, &Error{Op: op, Class: ClassServer, Message: fmt.Sprintf("truncated page with unusable nextMarker %q", res.NextMarker)}
+			return nil, errBadMarker(op, res.NextMarker)
 		}
 		seen[res.NextMarker] = true
 		marker = res.NextMarker
@@ -673,7 +680,12 @@ func (c *Client) BatchAddPrivateIPs(ctx context.Context, eniID string, req Batch
 	if ips == nil {
 		ips = []string{}
 	}
-	args := &eni.EniBatchPrivateIpArgs{EniId: eniID, PrivateIpAddresses: ips, PrivateIpAddressCount: req.Count, ClientToken: newClientToken()}
+	args := &eni.EniBatchPrivateIpArgs{
+		EniId:                 eniID,
+		PrivateIpAddresses:    ips,
+		PrivateIpAddressCount: req.Count,
+		ClientToken:           newClientToken(),
+	}
 	var got []string
 	err := c.do(ctx, op, eniID, func(s *sdkSet) error {
 		res, err := s.eni.BatchAddPrivateIp(args)
@@ -742,7 +754,12 @@ func (c *Client) ListSubnets(ctx context.Context, opts ListSubnetsOptions) ([]Su
 		var res *vpc.ListSubnetResult
 		err := c.do(ctx, op, opts.VPCID, func(s *sdkSet) error {
 			var err error
-			res, err = s.vpc.ListSubnets(&vpc.ListSubnetArgs{Marker: marker, MaxKeys: c.cfg.PageSize, VpcId: opts.VPCID, ZoneName: opts.ZoneName})
+			res, err = s.vpc.ListSubnets(&vpc.ListSubnetArgs{
+				Marker:   marker,
+				MaxKeys:  c.cfg.PageSize,
+				VpcId:    opts.VPCID,
+				ZoneName: opts.ZoneName,
+			})
 			return err
 		})
 		if err != nil {
@@ -755,7 +772,7 @@ func (c *Client) ListSubnets(ctx context.Context, opts ListSubnetsOptions) ([]Su
 			return out, nil
 		}
 		if res.NextMarker == "" || seen[res.NextMarker] {
-			return nil, &Error{Op: op, Class: ClassServer, Message: fmt.Sprintf("truncated page with unusable nextMarker %q", res.NextMarker)}
+			return nil, errBadMarker(op, res.NextMarker)
 		}
 		seen[res.NextMarker] = true
 		marker = res.NextMarker

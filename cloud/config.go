@@ -136,25 +136,33 @@ func (opLimitsFlag) Type() string { return "limits" }
 
 // RegisterFlags binds the config to flags named --bce-*.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Endpoint, "bce-endpoint", c.Endpoint, "BCE BCC endpoint (host:port or URL) serving the ENI, VPC and BCC APIs; default bcc.<region>.baidubce.com")
+	fs.StringVar(&c.Endpoint, "bce-endpoint", c.Endpoint,
+		"BCE BCC endpoint (host:port or URL) serving the ENI, VPC and BCC APIs; default bcc.<region>.baidubce.com")
 	fs.StringVar(&c.Region, "bce-region", c.Region, "BCE region, e.g. bj")
 	fs.StringVar(&c.AccessKeyID, "bce-access-key-id", c.AccessKeyID, "BCE access key ID (prefer --bce-credentials-dir)")
 	fs.StringVar(&c.SecretAccessKey, "bce-secret-access-key", c.SecretAccessKey, "BCE secret access key (prefer --bce-credentials-dir)")
-	fs.StringVar(&c.CredentialsDir, "bce-credentials-dir", c.CredentialsDir, "directory with files access-key-id and secret-access-key (a mounted Secret)")
+	fs.StringVar(&c.CredentialsDir, "bce-credentials-dir", c.CredentialsDir,
+		"directory with files access-key-id and secret-access-key (a mounted Secret)")
 	// Numeric flags show their effective defaults (pflag prints them); a
 	// zero value set programmatically still means "default" to setDefaults.
 	d := *c
 	d.setDefaults()
 	fs.Float64Var(&c.Rate, "bce-rate", d.Rate, "client-side BCE API calls per second")
 	fs.Int64Var(&c.Burst, "bce-burst", d.Burst, "client-side BCE API burst")
-	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", d.ThrottleRetries, "retries of a call BCE answered with RateLimit, four times as many for a takeover's ENI list (negative disables)")
-	fs.DurationVar(&c.ThrottleBackoff, "bce-throttle-backoff", d.ThrottleBackoff, "base of the jittered backoff after RateLimit (never shorter than the operation's interval under --bce-op-limits, e.g. 1 s for ListENIs)")
-	fs.IntVar(&c.SDKRetries, "bce-sdk-retries", d.SDKRetries, "retries of a call that failed with 5xx or a transport error, each taking its own token (negative disables)")
-	fs.DurationVar(&c.SDKRetryBase, "bce-sdk-retry-base", d.SDKRetryBase, "base delay of the exponential, jittered retry after 5xx or a transport error")
+	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", d.ThrottleRetries,
+		"retries of a call BCE answered with RateLimit, four times as many for a takeover's ENI list (negative disables)")
+	fs.DurationVar(&c.ThrottleBackoff, "bce-throttle-backoff", d.ThrottleBackoff,
+		"base of the jittered backoff after RateLimit (never shorter than the operation's interval under --bce-op-limits, e.g. 1 s for "+
+			"ListENIs)")
+	fs.IntVar(&c.SDKRetries, "bce-sdk-retries", d.SDKRetries,
+		"retries of a call that failed with 5xx or a transport error, each taking its own token (negative disables)")
+	fs.DurationVar(&c.SDKRetryBase, "bce-sdk-retry-base", d.SDKRetryBase,
+		"base delay of the exponential, jittered retry after 5xx or a transport error")
 	fs.DurationVar(&c.Timeout, "bce-timeout", d.Timeout, "timeout of one BCE HTTP attempt")
 	fs.IntVar(&c.PageSize, "bce-page-size", d.PageSize, "maxKeys of BCE list calls")
 	c.OpLimits = DefaultOpLimits()
-	fs.Var(opLimitsFlag{&c.OpLimits}, "bce-op-limits", "cluster-wide per-operation limits, Op=rate:burst,... (replaces the whole default table, the upstream's flow-control limits)")
+	fs.Var(opLimitsFlag{&c.OpLimits}, "bce-op-limits",
+		"cluster-wide per-operation limits, Op=rate:burst,... (replaces the whole default table, the upstream's flow-control limits)")
 }
 
 func (c *Config) setDefaults() {

@@ -80,23 +80,38 @@ type Config struct {
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.BindAddr, "memberlist-bind-addr", "0.0.0.0", "IP address the gossip (memberlist) listener binds to")
 	fs.IntVar(&c.BindPort, "memberlist-bind-port", DefaultPort, "TCP and UDP port of the gossip listener (0 picks a free port)")
-	fs.StringVar(&c.AdvertiseAddr, "memberlist-advertise-addr", "", "IP address other replicas use to reach this one (usually the pod IP; default: a private address of this host)")
-	fs.IntVar(&c.AdvertisePort, "memberlist-advertise-port", 0, "gossip port other replicas use to reach this one (default: the bound port)")
-	fs.StringVar(&c.NamePrefix, "memberlist-name-prefix", "", "member name prefix, usually the pod name; a random suffix makes the name unique per process (default: host name)")
-	fs.StringSliceVar(&c.JoinSeeds, "memberlist-join", nil, "host:port of replicas to join (repeatable or comma-separated); host names are resolved on every attempt")
-	fs.StringVar(&c.JoinDNS, "memberlist-join-dns", "", "DNS name (host or host:port) of the headless Service listing the replicas; resolved on every join attempt")
-	fs.DurationVar(&c.JoinInterval, "memberlist-rejoin-interval", 10*time.Second, "how often to join again every seed and DNS address that is not yet a live member")
-	fs.StringVar(&c.GossipKeyFile, "memberlist-gossip-key-file", "", "file with a base64 16, 24 or 32 byte AES key encrypting gossip (empty: unencrypted, not recommended)")
-	fs.StringVar(&c.ClusterLabel, "memberlist-cluster-label", "cce-ipam", "label on every gossip packet; replicas with a different label ignore each other")
-	fs.DurationVar(&c.LeaveTimeout, "memberlist-leave-timeout", 5*time.Second, "how long shutdown waits for the leave message to reach the other replicas")
-	fs.DurationVar(&c.ProbeInterval, "memberlist-probe-interval", time.Second, "failure-detector probe interval (memberlist LAN default 1s)")
-	fs.DurationVar(&c.ProbeTimeout, "memberlist-probe-timeout", 500*time.Millisecond, "failure-detector probe timeout (memberlist LAN default 500ms)")
-	fs.IntVar(&c.SuspicionMult, "memberlist-suspicion-mult", 4, "suspicion timeout multiplier before a member is declared dead (memberlist LAN default 4)")
+	fs.StringVar(&c.AdvertiseAddr, "memberlist-advertise-addr", "",
+		"IP address other replicas use to reach this one (usually the pod IP; default: a private address of this host)")
+	fs.IntVar(&c.AdvertisePort, "memberlist-advertise-port", 0,
+		"gossip port other replicas use to reach this one (default: the bound port)")
+	fs.StringVar(&c.NamePrefix, "memberlist-name-prefix", "",
+		"member name prefix, usually the pod name; a random suffix makes the name unique per process (default: host name)")
+	fs.StringSliceVar(&c.JoinSeeds, "memberlist-join", nil,
+		"host:port of replicas to join (repeatable or comma-separated); host names are resolved on every attempt")
+	fs.StringVar(&c.JoinDNS, "memberlist-join-dns", "",
+		"DNS name (host or host:port) of the headless Service listing the replicas; resolved on every join attempt")
+	fs.DurationVar(&c.JoinInterval, "memberlist-rejoin-interval", 10*time.Second,
+		"how often to join again every seed and DNS address that is not yet a live member")
+	fs.StringVar(&c.GossipKeyFile, "memberlist-gossip-key-file", "",
+		"file with a base64 16, 24 or 32 byte AES key encrypting gossip (empty: unencrypted, not recommended)")
+	fs.StringVar(&c.ClusterLabel, "memberlist-cluster-label", "cce-ipam",
+		"label on every gossip packet; replicas with a different label ignore each other")
+	fs.DurationVar(&c.LeaveTimeout, "memberlist-leave-timeout", 5*time.Second,
+		"how long shutdown waits for the leave message to reach the other replicas")
+	fs.DurationVar(&c.ProbeInterval, "memberlist-probe-interval", time.Second,
+		"failure-detector probe interval (memberlist LAN default 1s)")
+	fs.DurationVar(&c.ProbeTimeout, "memberlist-probe-timeout", 500*time.Millisecond,
+		"failure-detector probe timeout (memberlist LAN default 500ms)")
+	fs.IntVar(&c.SuspicionMult, "memberlist-suspicion-mult", 4,
+		"suspicion timeout multiplier before a member is declared dead (memberlist LAN default 4)")
 	fs.DurationVar(&c.GossipInterval, "memberlist-gossip-interval", 200*time.Millisecond, "gossip interval (memberlist LAN default 200ms)")
-	fs.DurationVar(&c.PushPullInterval, "memberlist-push-pull-interval", 30*time.Second, "full state sync interval (memberlist LAN default 30s)")
+	fs.DurationVar(&c.PushPullInterval, "memberlist-push-pull-interval", 30*time.Second,
+		"full state sync interval (memberlist LAN default 30s)")
 	fs.DurationVar(&c.TCPTimeout, "memberlist-tcp-timeout", 10*time.Second, "timeout of one TCP exchange (join, push/pull, TCP ping)")
-	fs.DurationVar(&c.DeadNodeReclaimTime, "memberlist-dead-node-reclaim-time", 30*time.Second, "after this long a dead member's name may reappear at another address")
-	fs.StringVar(&c.GRPCAddr, "memberlist-grpc-advertise-addr", "", "host:port of this replica's gRPC service as other replicas reach it (advertised in gossip meta; required)")
+	fs.DurationVar(&c.DeadNodeReclaimTime, "memberlist-dead-node-reclaim-time", 30*time.Second,
+		"after this long a dead member's name may reappear at another address")
+	fs.StringVar(&c.GRPCAddr, "memberlist-grpc-advertise-addr", "",
+		"host:port of this replica's gRPC service as other replicas reach it (advertised in gossip meta; required)")
 }
 
 func (c *Config) defaults() {
@@ -210,11 +225,12 @@ func LoadGossipKey(path string) ([]byte, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("gossip key file %s: %w: not base64: %v", path, ErrBadGossipKey, err)
+		return nil, fmt.Errorf("gossip key file %s: %w: not base64: %w", path, ErrBadGossipKey, err)
 	}
 	switch len(key) {
 	case 16, 24, 32:
 		return key, nil
 	}
-	return nil, fmt.Errorf("gossip key file %s: %w: the key is %d bytes, want 16, 24 or 32 (AES-128/192/256)", path, ErrBadGossipKey, len(key))
+	return nil, fmt.Errorf("gossip key file %s: %w: the key is %d bytes, want 16, 24 or 32 (AES-128/192/256)", path, ErrBadGossipKey,
+		len(key))
 }

@@ -188,7 +188,8 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	for _, l := range []struct {
 		prefix string
 		level  slog.Level
-	}{{"[DEBUG]", slog.LevelDebug}, {"[INFO]", slog.LevelInfo}, {"[WARN]", slog.LevelWarn}, {"[ERR]", slog.LevelError}, {"[ERROR]", slog.LevelError}} {
+	}{{"[DEBUG]", slog.LevelDebug}, {"[INFO]", slog.LevelInfo}, {"[WARN]", slog.LevelWarn}, {"[ERR]", slog.LevelError}, {"[ERROR]",
+		slog.LevelError}} {
 		if bytes.HasPrefix(line, []byte(l.prefix)) {
 			level = l.level
 			line = bytes.TrimSpace(line[len(l.prefix):])

@@ -39,7 +39,8 @@ func (c *LeaderConfig) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Namespace, "leader-elect-lease-namespace", "kube-system", "namespace of the leader-election Lease")
 	fs.StringVar(&c.Name, "leader-elect-lease-name", "cce-ipam-leader", "name of the leader-election Lease")
 	fs.DurationVar(&c.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a leader Lease holds without renewal")
-	fs.DurationVar(&c.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew before it stops leading (below the lease duration)")
+	fs.DurationVar(&c.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second,
+		"how long the leader keeps trying to renew before it stops leading (below the lease duration)")
 	fs.DurationVar(&c.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "wait between leader-election attempts")
 }
 
@@ -69,7 +70,8 @@ func (c LeaderConfig) Validate() error {
 		errs = append(errs, errors.New("leader election: lease duration must be greater than the renew deadline"))
 	}
 	if c.RenewDeadline <= time.Duration(leaderelection.JitterFactor*float64(c.RetryPeriod)) {
-		errs = append(errs, fmt.Errorf("leader election: renew deadline must be greater than %.1f × retry period", leaderelection.JitterFactor))
+		errs = append(errs, fmt.Errorf("leader election: renew deadline must be greater than %.1f × retry period",
+			leaderelection.JitterFactor))
 	}
 	if c.RetryPeriod <= 0 {
 		errs = append(errs, errors.New("leader election: retry period must be positive"))
@@ -105,7 +107,8 @@ type Elector struct {
 
 // NewElector checks cfg. identity is the Lease holder name: use the member
 // name (Membership.Name), unique per process. Nothing starts until Run.
-func NewElector(cfg LeaderConfig, client kubernetes.Interface, identity string, cb LeaderCallbacks, log *slog.Logger, reg prometheus.Registerer) (*Elector, error) {
+func NewElector(cfg LeaderConfig, client kubernetes.Interface, identity string, cb LeaderCallbacks, log *slog.Logger,
+	reg prometheus.Registerer) (*Elector, error) {
 	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -70,7 +70,8 @@ func EncodeMeta(m Meta) ([]byte, error) {
 		buf = appendField(buf, tagLeaving, []byte{1})
 	}
 	if len(buf) > MetaMaxSize {
-		return nil, fmt.Errorf("%w: encoded meta is %d bytes, memberlist allows %d (shorten the gRPC address or version)", ErrBadMeta, len(buf), MetaMaxSize)
+		return nil, fmt.Errorf("%w: encoded meta is %d bytes, memberlist allows %d (shorten the gRPC address or version)", ErrBadMeta,
+			len(buf), MetaMaxSize)
 	}
 	return buf, nil
 }
@@ -143,7 +144,7 @@ func DecodeMeta(b []byte) (Meta, error) {
 func checkAddr(addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("%w: gRPC address %q: %v", ErrBadMeta, addr, err)
+		return fmt.Errorf("%w: gRPC address %q: %w", ErrBadMeta, addr, err)
 	}
 	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 || host == "" || !utf8.ValidString(host) {
 		return fmt.Errorf("%w: gRPC address %q is not host:port", ErrBadMeta, addr)

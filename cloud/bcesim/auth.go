@@ -18,7 +18,8 @@ func verifySignature(r *http.Request, secretFor func(ak string) (string, bool)) 
 	authz := r.Header.Get("Authorization")
 	parts := strings.Split(authz, "/")
 	if len(parts) != 6 || parts[0] != "bce-auth-v1" || parts[1] == "" || parts[5] == "" {
-		return apiErr(http.StatusBadRequest, CodeInvalidAuthHeader, "authorization header must be bce-auth-v1/{ak}/{ts}/{expire}/{headers}/{signature}")
+		return apiErr(http.StatusBadRequest, CodeInvalidAuthHeader,
+			"authorization header must be bce-auth-v1/{ak}/{ts}/{expire}/{headers}/{signature}")
 	}
 	sk, ok := secretFor(parts[1])
 	if !ok {
@@ -54,7 +55,8 @@ func verifySignature(r *http.Request, secretFor func(ak string) (string, bool)) 
 	canonical := r.Method + "\n" + uri + "\n" + strings.Join(qs, "&") + "\n" + strings.Join(hs, "\n")
 	want := hmacHex(key, canonical)
 	if !hmac.Equal([]byte(want), []byte(parts[5])) {
-		return apiErr(http.StatusBadRequest, CodeSignatureMismatch, "the request signature we calculated does not match the signature you provided")
+		return apiErr(http.StatusBadRequest, CodeSignatureMismatch,
+			"the request signature we calculated does not match the signature you provided")
 	}
 	return nil
 }

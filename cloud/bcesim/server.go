@@ -177,7 +177,7 @@ func writeJSON(w http.ResponseWriter, reqID string, status int, v any) {
 	w.Header().Set("Content-Type", "application/json;charset=utf-8")
 	w.Header().Set("x-bce-request-id", reqID)
 	w.WriteHeader(status)
-	w.Write(body)
+	_, _ = w.Write(body) // the client hung up: nothing to tell it
 }
 
 func writeError(w http.ResponseWriter, reqID string, e *APIError) {

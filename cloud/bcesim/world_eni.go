@@ -1,6 +1,7 @@
 package bcesim
 
 import (
+	"errors"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -119,12 +120,13 @@ func (w *World) allocate(reqs []ipAlloc) ([]netip.Addr, *APIError) {
 	for _, i := range order {
 		r := reqs[i]
 		if r.addr.IsValid() {
-			switch err := r.sn.pool.allocExact(r.addr); err {
-			case nil:
+			switch err := r.sn.pool.allocExact(r.addr); {
+			case err == nil:
 				out[i] = r.addr
-			case errOutOfRange:
+			case errors.Is(err, errOutOfRange):
 				undo()
-				return nil, apiErr(http.StatusBadRequest, CodeIPOutsideSubnet, "address %s is outside subnet %s (%s)", r.addr, r.sn.ID, r.sn.pool.prefix)
+				return nil, apiErr(http.StatusBadRequest, CodeIPOutsideSubnet, "address %s is outside subnet %s (%s)", r.addr, r.sn.ID,
+					r.sn.pool.prefix)
 			default:
 				undo()
 				return nil, apiErr(http.StatusBadRequest, CodePrivateIPInUse, "address %s is already in use", r.addr)
@@ -221,7 +223,8 @@ func (w *World) CreateENI(now time.Time, in CreateENIInput) (string, error) {
 			return "", err
 		}
 	} else if w.unattached(sn.VPC) >= w.cfg.MaxUnattachedENIsPerVPC {
-		return "", apiErr(http.StatusBadRequest, CodeQuotaLimitExceeded, "vpc %s already has %d unattached enis", sn.VPC, w.cfg.MaxUnattachedENIsPerVPC)
+		return "", apiErr(http.StatusBadRequest, CodeQuotaLimitExceeded, "vpc %s already has %d unattached enis", sn.VPC,
+			w.cfg.MaxUnattachedENIsPerVPC)
 	}
 	reqs, aerr := w.resolveIPs(sn.VPC, sn.Zone, sn.ID, in.PrivateIPs)
 	if aerr != nil {
@@ -266,7 +269,8 @@ func (w *World) checkAttach(instID, vpc, zone string, nIPs int) (*instance, *API
 		return nil, errNoSuchObject("instance", instID)
 	}
 	if inst.VPC != vpc || inst.Zone != zone {
-		return nil, apiErr(http.StatusBadRequest, CodeVPCMismatch, "instance %s is in vpc %s zone %s, eni in vpc %s zone %s", instID, inst.VPC, inst.Zone, vpc, zone)
+		return nil, apiErr(http.StatusBadRequest, CodeVPCMismatch, "instance %s is in vpc %s zone %s, eni in vpc %s zone %s", instID,
+			inst.VPC, inst.Zone, vpc, zone)
 	}
 	attached := 0
 	for _, o := range w.enis {
@@ -275,10 +279,12 @@ func (w *World) checkAttach(instID, vpc, zone string, nIPs int) (*instance, *API
 		}
 	}
 	if limit := MaxENIsPerInstance(inst.CPU); attached >= limit {
-		return nil, apiErr(http.StatusBadRequest, CodeInstanceENICap, "instance %s already has %d enis (cap %d for %d vCPUs)", instID, attached, limit, inst.CPU)
+		return nil, apiErr(http.StatusBadRequest, CodeInstanceENICap, "instance %s already has %d enis (cap %d for %d vCPUs)", instID,
+			attached, limit, inst.CPU)
 	}
 	if limit := MaxIPsPerENI(inst.MemoryGB); nIPs > limit {
-		return nil, apiErr(http.StatusBadRequest, CodeVMMemoryIPCap, "eni holds %d addresses, instance %s allows %d per eni", nIPs, instID, limit)
+		return nil, apiErr(http.StatusBadRequest, CodeVMMemoryIPCap, "eni holds %d addresses, instance %s allows %d per eni", nIPs, instID,
+			limit)
 	}
 	return inst, nil
 }
@@ -310,7 +316,8 @@ func (w *World) DetachENI(now time.Time, eniID, instID string) error {
 	}
 	st := e.status()
 	if (st != StatusInUse && st != StatusAttaching) || (instID != "" && e.instance() != instID) {
-		return apiErr(http.StatusBadRequest, CodeENIState, "eni %s is %s on instance %q, cannot detach from %q", eniID, st, e.instance(), instID)
+		return apiErr(http.StatusBadRequest, CodeENIState, "eni %s is %s on instance %q, cannot detach from %q", eniID, st, e.instance(),
+			instID)
 	}
 	w.setStatus(e, now, StatusDetaching, e.instance(), w.cfg.DetachDelay)
 	return nil
@@ -377,7 +384,8 @@ func (w *World) AddIPs(now time.Time, eniID string, in AddIPsInput) ([]string, e
 		limit = MaxIPsPerENI(w.instances[inst].MemoryGB)
 	}
 	if len(e.IPs)+len(reqs) > limit {
-		return nil, apiErr(http.StatusBadRequest, CodeVMMemoryIPCap, "eni %s holds %d addresses, adding %d exceeds the cap of %d", eniID, len(e.IPs), len(reqs), limit)
+		return nil, apiErr(http.StatusBadRequest, CodeVMMemoryIPCap, "eni %s holds %d addresses, adding %d exceeds the cap of %d", eniID,
+			len(e.IPs), len(reqs), limit)
 	}
 	allocs, aerr := w.resolveIPs(e.VPC, e.Zone, e.Subnet, reqs)
 	if aerr != nil {

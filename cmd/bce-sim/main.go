@@ -45,14 +45,16 @@ type options struct {
 func (o *options) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on; port 0 picks a free port (printed on stdout)")
 	fs.StringArrayVar(&o.credentials, "credential", nil, "accepted access key pair AK:SK (repeatable)")
-	fs.StringVar(&o.credentialsDir, "credentials-dir", "", "directory with files access-key-id and secret-access-key to accept (a mounted Secret)")
+	fs.StringVar(&o.credentialsDir, "credentials-dir", "",
+		"directory with files access-key-id and secret-access-key to accept (a mounted Secret)")
 	fs.IntVar(&o.pageSize, "page-size", 1000, "largest list page served, below the SDK's maxKeys=1000 to exercise pagination")
 	fs.DurationVar(&o.attachDelay, "attach-delay", 2*time.Second, "time an ENI stays attaching before it is inuse (< 50s)")
 	fs.DurationVar(&o.detachDelay, "detach-delay", time.Second, "time an ENI stays detaching before it is available")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed for IDs, MAC addresses and injected faults")
 	fs.IntVar(&o.unattachedQuota, "max-unattached-enis", 500, "unattached ENIs allowed per VPC (QuotaLimitExceeded beyond)")
 	fs.BoolVar(&o.rateLimits, "rate-limits", true, "enforce the per-operation BCE rate limits (429 RateLimit)")
-	fs.StringArrayVar(&o.rateOverrides, "rate-limit", nil, "per-operation limit OP=QPS:BURST, e.g. ListENIs=2:2; QPS 0 lifts it (repeatable)")
+	fs.StringArrayVar(&o.rateOverrides, "rate-limit", nil,
+		"per-operation limit OP=QPS:BURST, e.g. ListENIs=2:2; QPS 0 lifts it (repeatable)")
 	fs.StringVar(&o.vpc, "vpc", "vpc-sim", "VPC of the subnets and instances created by flags")
 	fs.StringVar(&o.securityGroup, "security-group", "g-sim", "security group created in the VPC and given to every instance")
 	fs.StringArrayVar(&o.subnets, "subnet", nil, "subnet ID,ZONE,CIDR to create (repeatable)")
@@ -86,7 +88,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := bcesim.Config{
 		Credentials: creds, PageSize: o.pageSize, Logger: logger,
-		World: bcesim.WorldConfig{AttachDelay: o.attachDelay, DetachDelay: o.detachDelay, Seed: o.seed, MaxUnattachedENIsPerVPC: o.unattachedQuota},
+		World: bcesim.WorldConfig{AttachDelay: o.attachDelay, DetachDelay: o.detachDelay, Seed: o.seed,
+			MaxUnattachedENIsPerVPC: o.unattachedQuota},
 	}
 	if o.rateLimits {
 		cfg.RateLimits = bcesim.DefaultRateLimits()
@@ -202,7 +205,8 @@ func (o *options) populate(srv *bcesim.Server) error {
 		}
 	}
 	add := func(id, subnet string, cpu, mem int) error {
-		_, err := srv.AddInstance(bcesim.InstanceSpec{ID: id, SubnetID: subnet, CPUCount: cpu, MemoryGB: mem, SecurityGroupIDs: []string{o.securityGroup}})
+		_, err := srv.AddInstance(bcesim.InstanceSpec{ID: id, SubnetID: subnet, CPUCount: cpu, MemoryGB: mem,
+			SecurityGroupIDs: []string{o.securityGroup}})
 		return err
 	}
 	for _, s := range o.instances {

@@ -47,7 +47,7 @@ func TestRun_ServesPrintsAddressAndStops(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no address printed: %v (logs: %s)", err, logs.String())
 	}
-	go io.Copy(io.Discard, outR)
+	go func() { _, _ = io.Copy(io.Discard, outR) }() // drain until the process exits
 	resp, err := http.Get("http://" + strings.TrimSpace(addr) + "/admin/world")
 	if err != nil {
 		t.Fatal(err)
@@ -65,8 +65,11 @@ func TestRun_ServesPrintsAddressAndStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	json.NewDecoder(resp3.Body).Decode(&f)
+	err = json.NewDecoder(resp3.Body).Decode(&f)
 	resp3.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if f.ReplicaLagMs != 250 || f.ErrorRate["*"] != 0.5 {
 		t.Fatalf("faults from flags = %+v", f)
 	}
@@ -76,7 +79,9 @@ func TestRun_ServesPrintsAddressAndStops(t *testing.T) {
 	}
 	defer resp2.Body.Close()
 	var rl map[string]bcesim.RateLimit
-	json.NewDecoder(resp2.Body).Decode(&rl)
+	if err := json.NewDecoder(resp2.Body).Decode(&rl); err != nil {
+		t.Fatal(err)
+	}
 	if _, limited := rl["ListENIs"]; limited || rl["DeleteENI"].QPS != 1 {
 		t.Fatalf("rate limits = %v: want defaults with ListENIs lifted", rl)
 	}

@@ -3,8 +3,6 @@ package membership
 import (
 	"context"
 	"encoding/base64"
-	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -165,28 +163,6 @@ func counter(c prometheus.Metric) float64 {
 		return m.Counter.GetValue()
 	}
 	return m.Gauge.GetValue()
-}
-
-// freePort reserves a port that is free for both TCP and UDP on 127.0.0.1
-// at the time of the call.
-func freePort(t *testing.T) int {
-	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err != nil {
-			continue
-		}
-		u.Close()
-		return port
-	}
-	t.Fatal("no free port")
-	return 0
 }
 
 func portOf(t *testing.T, n *testNode) int {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/cce-ipam/sharded/e2e/freeport"
 )
 
 func TestMembership_FindEachOtherFromOneSeed(t *testing.T) {
@@ -253,7 +255,7 @@ func TestNew_RefusesMalformedGossipKey(t *testing.T) {
 // (a→b, b→c, c→a). Only re-joining makes one cluster: c joins a, and b
 // stays alone until it retries c or a retries b.
 func TestMembership_ColdStartNoIslands(t *testing.T) {
-	ports := []int{freePort(t), freePort(t), freePort(t)}
+	ports := freeport.MustGet(t, 3)
 	addr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", ports[i%3]) }
 	var nodes []*testNode
 	for i, name := range []string{"ipam-a", "ipam-b", "ipam-c"} {

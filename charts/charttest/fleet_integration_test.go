@@ -38,6 +38,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/e2e/freeport"
 	"github.com/cce-ipam/sharded/e2e/kubeletsim"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
@@ -93,7 +94,7 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 	simURL := startBCESim(t)
 
 	// 1. One render per replica (its own ports), the Secrets of the first.
-	ports := freePorts(t, 3*fleetReplicas)
+	ports := freeport.MustGet(t, 3*fleetReplicas)
 	renders := make([][]*unstructured.Unstructured, fleetReplicas)
 	for i := range fleetReplicas {
 		renders[i] = render(t, fleetRelease, ns, "-f", valuesFile(t, map[string]any{
@@ -640,7 +641,7 @@ scrape_configs:
 	if err := os.WriteFile(configPath, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := "127.0.0.1:" + strconv.Itoa(freePorts(t, 1)[0])
+	addr := freeport.Addr(t)
 	p := startProcess(t, "prometheus", promBin, []string{"--config.file=" + configPath,
 		"--storage.tsdb.path=" + filepath.Join(dir, "data"), "--web.listen-address=" + addr, "--log.level=warn"},
 		[]string{"HOME=" + dir}, nil)

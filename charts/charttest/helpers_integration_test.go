@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -168,28 +167,6 @@ func container(t testing.TB, d *appsv1.Deployment) corev1.Container {
 		t.Fatalf("Deployment has %d containers, want 1", n)
 	}
 	return d.Spec.Template.Spec.Containers[0]
-}
-
-// freePorts reserves n distinct free 127.0.0.1 ports (held until all are
-// chosen so that none repeats).
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports
 }
 
 // process is a child in its own process group, SIGKILLed with its group when

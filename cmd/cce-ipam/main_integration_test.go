@@ -27,6 +27,7 @@ import (
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/e2e/cluster"
+	"github.com/cce-ipam/sharded/e2e/freeport"
 	"github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
@@ -75,16 +76,6 @@ func buildBinary(t *testing.T, pkg string) string {
 		t.Fatalf("build %s: %v", pkg, err)
 	}
 	return out
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // The two binaries, as an operator runs them: bce-sim as its own process,
@@ -143,7 +134,7 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	grpcAddr, metricsAddr := freeAddr(t), freeAddr(t)
+	grpcAddr, metricsAddr := freeport.Addr(t), freeport.Addr(t)
 	ipamCmd, _ := startProcess(t, ipamBin, "--kubeconfig", cp.Kubeconfig, "--cluster-id", "cce-bin", "--vpc-id", vpc,
 		"--bce-endpoint", simAddr, "--bce-region", "bj", "--bce-access-key-id", ak, "--bce-secret-access-key", sk,
 		"--grpc-listen", grpcAddr, "--metrics-listen", metricsAddr, "--pool-check-period", "1s",

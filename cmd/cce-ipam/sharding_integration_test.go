@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -36,6 +35,7 @@ import (
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
+	"github.com/cce-ipam/sharded/e2e/freeport"
 	"github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 	"github.com/cce-ipam/sharded/shard"
@@ -186,24 +186,6 @@ func newShardEnv(t *testing.T, nodes int, extra ...string) *shardEnv {
 	return e
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		// memberlist also needs the UDP port.
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err == nil {
-			u.Close()
-			return port
-		}
-	}
-}
-
 // start launches the next replica, joining every replica started so far.
 // Free ports are picked by closing a listener, so another process may take
 // one first: a replica that exits because its address is in use is started
@@ -244,7 +226,13 @@ func (r *replica) exitedInUse() bool {
 func (e *shardEnv) startOnce(keyFile string) *replica {
 	t := e.t
 	t.Helper()
-	r := &replica{grpc: freeAddr(t), http: freeAddr(t), gossipPort: freePort(t), exited: make(chan struct{})}
+	ports := freeport.MustGet(t, 3)
+	r := &replica{
+		grpc:       "127.0.0.1:" + strconv.Itoa(ports[0]),
+		http:       "127.0.0.1:" + strconv.Itoa(ports[1]),
+		gossipPort: ports[2],
+		exited:     make(chan struct{}),
+	}
 	r.name = fmt.Sprintf("r%d", len(e.replicas))
 	args := []string{"--kubeconfig", cp.ReplicaKubeconfig, "--cluster-id", e.cluster, "--vpc-id", shardVPC,
 		"--bce-endpoint", e.simAddr, "--bce-region", "bj", "--bce-access-key-id", shardAK, "--bce-secret-access-key", shardSK,

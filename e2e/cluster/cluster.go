@@ -9,7 +9,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -25,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/cce-ipam/sharded/e2e/freeport"
 	"github.com/cce-ipam/sharded/e2e/supervisor"
 )
 
@@ -127,7 +127,7 @@ func (o *Options) binaries() []string {
 }
 
 func (c *Cluster) start(ctx context.Context, opts Options) error {
-	ports, err := freePorts(3)
+	ports, err := freeport.Get(3)
 	if err != nil {
 		return err
 	}
@@ -416,27 +416,6 @@ func httpOK(client *http.Client, url string) bool {
 	}
 	_ = resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
-}
-
-// freePorts asks the kernel for n distinct free ports on 127.0.0.1. The
-// listeners are held until all n are chosen so that no port repeats.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func randomToken() (string, error) {

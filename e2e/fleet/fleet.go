@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -486,32 +485,4 @@ func (f *Fleet) LogTails(lines int) string {
 		b.WriteString(f.Cluster.Logs(lines / 4))
 	}
 	return b.String()
-}
-
-// freePorts returns n distinct free TCP ports on 127.0.0.1 (listeners held
-// until all are chosen). A port also serving UDP (memberlist) is checked
-// for UDP too.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var closers []func() error
-	defer func() {
-		for _, c := range closers {
-			_ = c()
-		}
-	}()
-	for len(ports) < n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
-		}
-		closers = append(closers, l.Close)
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue // the UDP port is taken: try another
-		}
-		closers = append(closers, u.Close)
-		ports = append(ports, port)
-	}
-	return ports, nil
 }

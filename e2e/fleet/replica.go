@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cce-ipam/sharded/e2e/freeport"
 	"github.com/cce-ipam/sharded/e2e/supervisor"
 )
 
@@ -57,7 +58,7 @@ func (f *Fleet) AddReplica(ctx context.Context) (*Replica, error) {
 		r.grpcAddr, r.metricsAddr, r.gossipHost, r.gossipPort = host+":9997", host+":9998", host, 7946
 		r.netns = n.space(r.index)
 	} else {
-		ports, err := freePorts(3)
+		ports, err := freeport.Get(3)
 		if err != nil {
 			return nil, err
 		}

@@ -72,7 +72,7 @@ func TestConformance_ENILifecycle(t *testing.T) {
 	if got, _ := e.client.GetENI(ctx, id); got.Status != cloud.ENIStatusAttaching || got.InstanceID != e.i128g {
 		t.Fatalf("right after attach: %s on %q, want attaching on %s", got.Status, got.InstanceID, e.i128g)
 	}
-	e.clock.Advance(5 * time.Second)
+	e.clock.Step(5 * time.Second)
 	if got, _ := e.client.GetENI(ctx, id); got.Status != cloud.ENIStatusInUse {
 		t.Fatalf("after the attach delay: %s, want inuse", got.Status)
 	}
@@ -126,7 +126,7 @@ func TestConformance_ENILifecycle(t *testing.T) {
 	if got, _ := e.client.GetENI(ctx, id); got.Status != cloud.ENIStatusDetaching {
 		t.Fatalf("after detach: %s, want detaching", got.Status)
 	}
-	e.clock.Advance(2 * time.Second)
+	e.clock.Step(2 * time.Second)
 	if got, _ := e.client.GetENI(ctx, id); got.Status != cloud.ENIStatusAvailable || got.InstanceID != "" {
 		t.Fatalf("after the detach delay: %s on %q", got.Status, got.InstanceID)
 	}
@@ -292,7 +292,7 @@ func TestConformance_ListENIsKeepsOnlyTheGivenInstances(t *testing.T) {
 	theirs := createENI(t, e, "c-1/i-other/node-b/000000", e.subnet)
 	attach(t, e, theirs, other)
 	loose := createENI(t, e, "c-1/i-gone/node-c/000000", e.subnet)
-	e.clock.Advance(5 * time.Second)
+	e.clock.Step(5 * time.Second)
 
 	got, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC, NamePrefix: "c-1/", Instances: map[string]bool{e.i128g: true}})
 	if err != nil {

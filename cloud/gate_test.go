@@ -98,7 +98,7 @@ func TestThrottledRetry_TakesNoSecondOpToken(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		e.clock.Advance(time.Second)
+		e.clock.Step(time.Second)
 	}()
 	if _, err := e.client.ListENIs(short, cloud.ListENIsOptions{VPCID: testVPC}); err != nil {
 		t.Fatalf("throttled ListENIs: %v, want it retried and served", err)

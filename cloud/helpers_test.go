@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
@@ -18,25 +19,14 @@ const (
 	testZone = "cn-bj-a"
 )
 
-// fakeClock is a settable clock for the simulator's attach delay.
-type fakeClock struct{ ch chan time.Time }
-
-func newFakeClock(t time.Time) *fakeClock {
-	c := &fakeClock{ch: make(chan time.Time, 1)}
-	c.ch <- t
-	return c
-}
-func (c *fakeClock) Now() time.Time          { t := <-c.ch; c.ch <- t; return t }
-func (c *fakeClock) Advance(d time.Duration) { t := <-c.ch; c.ch <- t.Add(d) }
-
 // env is a started simulator plus a cloud.Client pointed at it.
 type env struct {
 	srv    *bcesim.Server
 	client *cloud.Client
 	reg    *prometheus.Registry
-	clock  *fakeClock
-	subnet string // 10.0.0.0/24
-	small  string // small subnet 10.0.1.0/28 (13 usable)
+	clock  *clocktesting.FakeClock // the simulator's (its Config.Now takes a func() time.Time)
+	subnet string                  // 10.0.0.0/24
+	small  string                  // small subnet 10.0.1.0/28 (13 usable)
 	sg     string
 	// instances
 	i4g   string // 2 vCPU, 4 GB: 2 ENIs, 8 IPs per ENI
@@ -50,7 +40,7 @@ type envOpts struct {
 
 func newEnv(t *testing.T, o envOpts) *env {
 	t.Helper()
-	e := &env{clock: newFakeClock(time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC))}
+	e := &env{clock: clocktesting.NewFakeClock(time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC))}
 	cfg := o.sim
 	if cfg.Credentials == nil {
 		cfg.Credentials = map[string]string{testAK: testSK}

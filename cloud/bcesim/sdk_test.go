@@ -3,7 +3,6 @@ package bcesim_test
 import (
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/baidubce/bce-sdk-go/auth"
 	"github.com/baidubce/bce-sdk-go/bce"
@@ -48,17 +47,6 @@ func newSDK(t testing.TB, endpoint, ak, sk string) *sdk {
 	t.Cleanup(bc.HTTPClient.CloseIdleConnections)
 	return &sdk{eni: &eni.Client{BceClient: bc}, vpc: &vpc.Client{BceClient: bc}, bcc: &bcc.Client{BceClient: bc}}
 }
-
-// fakeClock is a settable clock for the simulator.
-type fakeClock struct{ ch chan time.Time }
-
-func newFakeClock(t time.Time) *fakeClock {
-	c := &fakeClock{ch: make(chan time.Time, 1)}
-	c.ch <- t
-	return c
-}
-func (c *fakeClock) Now() time.Time          { t := <-c.ch; c.ch <- t; return t }
-func (c *fakeClock) Advance(d time.Duration) { t := <-c.ch; c.ch <- t.Add(d) }
 
 // world is a started simulator with one VPC, two subnets, security group and instances.
 type world struct {

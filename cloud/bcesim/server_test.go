@@ -9,6 +9,7 @@ import (
 	"github.com/baidubce/bce-sdk-go/bce"
 	"github.com/baidubce/bce-sdk-go/services/bcc/api"
 	"github.com/baidubce/bce-sdk-go/services/eni"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 )
@@ -33,7 +34,8 @@ func createENI(t *testing.T, c *sdk, w *world, name string) string {
 }
 
 func TestServer_SDKLifecycle(t *testing.T) {
-	clock := newFakeClock(time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC))
+	// The simulator takes its clock as a func() time.Time (Config.Now).
+	clock := clocktesting.NewFakeClock(time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC))
 	w := startWorld(t, bcesim.Config{Now: clock.Now, World: bcesim.WorldConfig{AttachDelay: 3 * time.Second}})
 	c := newSDK(t, w.url, testAK, testSK)
 
@@ -55,7 +57,7 @@ func TestServer_SDKLifecycle(t *testing.T) {
 	if got, _ := c.eni.GetEniDetail(id); got.Status != "attaching" || got.InstanceId != inst {
 		t.Fatalf("after attach: status %q instance %q, want attaching on %s", got.Status, got.InstanceId, inst)
 	}
-	clock.Advance(3 * time.Second)
+	clock.Step(3 * time.Second)
 	if got, _ := c.eni.GetEniDetail(id); got.Status != "inuse" {
 		t.Fatalf("after the attach delay: status %q, want inuse", got.Status)
 	}

@@ -233,15 +233,7 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 		}
 		return errs
 	}
-	i.mu.Lock()
-	runCtx := i.runCtx
-	var todo []string
-	for _, name := range names {
-		if _, ok := i.served[name]; !ok {
-			todo = append(todo, name)
-		}
-	}
-	i.mu.Unlock()
+	runCtx, todo := i.unserved(names)
 	if runCtx.Err() != nil {
 		for _, name := range todo {
 			errs[name] = ErrNotRunning
@@ -253,6 +245,48 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 	}
 
 	start := i.deps.Clock.Now()
+	byInstance, claims, err := i.takeoverReads(ctx, todo)
+	if err != nil {
+		for _, name := range todo {
+			i.metrics.rebuilds.WithLabelValues("error").Inc()
+			errs[name] = fmt.Errorf("serve node %s: %w", name, err)
+		}
+		return errs
+	}
+	errs = i.rebuildAll(ctx, runCtx, todo, byInstance, claims, start)
+	var served []string
+	for _, name := range todo {
+		if errs[name] == nil {
+			served = append(served, name)
+		}
+	}
+	if len(served) > 0 {
+		i.workers.Add(1)
+		go func() {
+			defer i.workers.Done()
+			i.settleTakeover(runCtx, served, start)
+		}()
+	}
+	return errs
+}
+
+// unserved returns Run's context and those of names not served yet.
+func (i *IPAM) unserved(names []string) (context.Context, []string) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	var todo []string
+	for _, name := range names {
+		if _, ok := i.served[name]; !ok {
+			todo = append(todo, name)
+		}
+	}
+	return i.runCtx, todo
+}
+
+// takeoverReads reads what the nodes are rebuilt from: their ENIs by
+// instance, and (for many nodes) their wep claims in one bulk read; nil
+// claims mean each node reads its own.
+func (i *IPAM) takeoverReads(ctx context.Context, todo []string) (map[string][]cloud.ENI, map[string][]datastore.Claim, error) {
 	// Both reads must be taken now, after the caller won the nodes, so that
 	// they hold every ENI, IP and wep the previous owner added; they do not
 	// depend on each other, so they run side by side (at 3,000 nodes each
@@ -286,11 +320,7 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 	}
 	reads.Wait()
 	if listErr != nil {
-		for _, name := range todo {
-			i.metrics.rebuilds.WithLabelValues("error").Inc()
-			errs[name] = fmt.Errorf("serve node %s: list ENIs: %w", name, listErr)
-		}
-		return errs
+		return nil, nil, fmt.Errorf("list ENIs: %w", listErr)
 	}
 	byInstance := map[string][]cloud.ENI{}
 	for _, e := range enis {
@@ -298,11 +328,18 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 			byInstance[e.InstanceID] = append(byInstance[e.InstanceID], e)
 		}
 	}
+	return byInstance, claims, nil
+}
 
+// rebuildAll rebuilds and serves the nodes, rebuildConcurrency at a time,
+// and returns those that failed.
+func (i *IPAM) rebuildAll(ctx, runCtx context.Context, todo []string, byInstance map[string][]cloud.ENI,
+	claims map[string][]datastore.Claim, start time.Time) map[string]error {
 	var (
-		mu  sync.Mutex
-		wg  sync.WaitGroup
-		sem = make(chan struct{}, rebuildConcurrency)
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, rebuildConcurrency)
+		errs = map[string]error{}
 	)
 	for _, name := range todo {
 		wg.Add(1)
@@ -319,19 +356,6 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 		}()
 	}
 	wg.Wait()
-	var served []string
-	for _, name := range todo {
-		if errs[name] == nil {
-			served = append(served, name)
-		}
-	}
-	if len(served) > 0 {
-		i.workers.Add(1)
-		go func() {
-			defer i.workers.Done()
-			i.settleTakeover(runCtx, served, start)
-		}()
-	}
 	return errs
 }
 

@@ -1,19 +1,22 @@
 package fleet
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
-// Sample is one line of the Prometheus text format: a series and its value.
+// Sample is one series of a scrape and its value.
 type Sample struct {
 	Name   string
 	Labels map[string]string
@@ -118,87 +121,72 @@ func Scrape(ctx context.Context, url string) (Samples, error) {
 	return ParseText(resp.Body)
 }
 
-// ParseText parses the Prometheus text exposition format (comments and
-// timestamps are skipped).
+// ParseText parses the Prometheus text exposition format with expfmt and
+// flattens it into one Sample per exposed line: a histogram's series come
+// back as name_bucket (with its le label), name_sum and name_count, a
+// summary's as name (with quantile), name_sum and name_count. Timestamps are
+// dropped.
 func ParseText(r io.Reader) (Samples, error) {
-	var out Samples
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		s, err := parseLine(line)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %q: %w", line, err)
-		}
-		out = append(out, s)
-	}
-	return out, sc.Err()
-}
-
-func parseLine(line string) (Sample, error) {
-	s := Sample{Labels: map[string]string{}}
-	i := strings.IndexAny(line, "{ ")
-	if i < 0 {
-		return s, fmt.Errorf("no value")
-	}
-	s.Name, line = line[:i], line[i:]
-	if line[0] == '{' {
-		rest, err := parseLabels(line[1:], s.Labels)
-		if err != nil {
-			return s, err
-		}
-		line = rest
-	}
-	fields := strings.Fields(line)
-	if len(fields) == 0 {
-		return s, fmt.Errorf("no value")
-	}
-	v, err := strconv.ParseFloat(fields[0], 64)
+	// UTF-8 validation accepts every name a current client library may
+	// write (quoted names included); the zero scheme is invalid.
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
 	if err != nil {
-		return s, err
+		return nil, fmt.Errorf("parse metrics: %w", err)
 	}
-	s.Value = v
-	return s, nil
+	names := make([]string, 0, len(families))
+	for name := range families {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var out Samples
+	for _, name := range names {
+		for _, m := range families[name].GetMetric() {
+			out = appendMetric(out, name, m)
+		}
+	}
+	return out, nil
 }
 
-// parseLabels reads `k="v",...}` and returns what follows the brace.
-func parseLabels(s string, into map[string]string) (string, error) {
-	for {
-		s = strings.TrimLeft(s, " ,")
-		if strings.HasPrefix(s, "}") {
-			return s[1:], nil
-		}
-		eq := strings.IndexByte(s, '=')
-		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
-			return "", fmt.Errorf("bad label")
-		}
-		key := strings.TrimSpace(s[:eq])
-		s = s[eq+2:]
-		var b strings.Builder
-		for {
-			if s == "" {
-				return "", fmt.Errorf("unterminated label value")
-			}
-			c := s[0]
-			s = s[1:]
-			if c == '"' {
-				break
-			}
-			if c == '\\' && s != "" {
-				switch s[0] {
-				case 'n':
-					b.WriteByte('\n')
-				default:
-					b.WriteByte(s[0])
-				}
-				s = s[1:]
-				continue
-			}
-			b.WriteByte(c)
-		}
-		into[key] = b.String()
+// appendMetric appends the samples of one metric of the family called name.
+func appendMetric(out Samples, name string, m *dto.Metric) Samples {
+	labels := make(map[string]string, len(m.GetLabel()))
+	for _, l := range m.GetLabel() {
+		labels[l.GetName()] = l.GetValue()
 	}
+	sample := func(name string, value float64, extra ...string) Sample {
+		ls := make(map[string]string, len(labels)+1)
+		maps.Copy(ls, labels)
+		for i := 0; i+1 < len(extra); i += 2 {
+			ls[extra[i]] = extra[i+1]
+		}
+		return Sample{Name: name, Labels: ls, Value: value}
+	}
+	switch {
+	case m.Histogram != nil:
+		h := m.GetHistogram()
+		for _, b := range h.GetBucket() {
+			count := float64(b.GetCumulativeCount()) + b.GetCumulativeCountFloat()
+			out = append(out, sample(name+"_bucket", count, "le", formatBound(b.GetUpperBound())))
+		}
+		out = append(out, sample(name+"_sum", h.GetSampleSum()),
+			sample(name+"_count", float64(h.GetSampleCount())+h.GetSampleCountFloat()))
+	case m.Summary != nil:
+		sm := m.GetSummary()
+		for _, q := range sm.GetQuantile() {
+			out = append(out, sample(name, q.GetValue(), "quantile", formatBound(q.GetQuantile())))
+		}
+		out = append(out, sample(name+"_sum", sm.GetSampleSum()), sample(name+"_count", float64(sm.GetSampleCount())))
+	case m.Counter != nil:
+		out = append(out, sample(name, m.GetCounter().GetValue()))
+	case m.Gauge != nil:
+		out = append(out, sample(name, m.GetGauge().GetValue()))
+	case m.Untyped != nil:
+		out = append(out, sample(name, m.GetUntyped().GetValue()))
+	}
+	return out
 }
+
+// formatBound writes a bucket bound or quantile as the text format does
+// ("+Inf" for the last bucket).
+func formatBound(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }

@@ -58,3 +58,56 @@ func TestParseText_RejectsGarbage(t *testing.T) {
 		}
 	}
 }
+
+// client_golang writes histograms and summaries under # TYPE lines; expfmt
+// folds them into one metric each, and ParseText flattens them back into the
+// series a dashboard queries.
+const typedExposition = `# HELP rpc_seconds RPC latency.
+# TYPE rpc_seconds histogram
+rpc_seconds_bucket{method="add",le="0.1"} 50
+rpc_seconds_bucket{method="add",le="0.2"} 90
+rpc_seconds_bucket{method="add",le="+Inf"} 100
+rpc_seconds_sum{method="add"} 12.5
+rpc_seconds_count{method="add"} 100
+rpc_seconds_bucket{method="del",le="0.1"} 10
+rpc_seconds_bucket{method="del",le="0.2"} 10
+rpc_seconds_bucket{method="del",le="+Inf"} 10
+rpc_seconds_sum{method="del"} 0.5
+rpc_seconds_count{method="del"} 10
+# TYPE gc_seconds summary
+gc_seconds{quantile="0.5"} 0.002
+gc_seconds{quantile="0.99"} 0.03
+gc_seconds_sum 1.5
+gc_seconds_count 300
+# TYPE up gauge
+up 1
+`
+
+func TestParseText_TypedHistogramAndSummary(t *testing.T) {
+	ss, err := ParseText(strings.NewReader(typedExposition))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := ss.Sum("rpc_seconds_count", nil); v != 110 {
+		t.Errorf("histogram count = %v, want 110", v)
+	}
+	if v, _ := ss.Sum("rpc_seconds_sum", map[string]string{"method": "add"}); v != 12.5 {
+		t.Errorf("histogram sum = %v, want 12.5", v)
+	}
+	b := ss.Buckets("rpc_seconds", nil)
+	if b[0.1] != 60 || b[0.2] != 100 || b[math.Inf(1)] != 110 {
+		t.Errorf("buckets = %v, want 0.1:60 0.2:100 +Inf:110", b)
+	}
+	if q := ss.Quantile("rpc_seconds", 0.7, map[string]string{"method": "add"}); math.Abs(q-0.15) > 1e-9 {
+		t.Errorf("p70 of add = %v, want 0.15", q)
+	}
+	if v, _ := ss.Sum("gc_seconds", map[string]string{"quantile": "0.99"}); v != 0.03 {
+		t.Errorf("summary quantile = %v, want 0.03", v)
+	}
+	if v, _ := ss.Sum("gc_seconds_count", nil); v != 300 {
+		t.Errorf("summary count = %v, want 300", v)
+	}
+	if v, ok := ss.Sum("up", nil); !ok || v != 1 {
+		t.Errorf("gauge = %v %v, want 1", v, ok)
+	}
+}

@@ -28,6 +28,19 @@ import (
 // per balanceInterval: nodes come and go without moving partitions until
 // then.
 
+// balanceState is what this replica knows of the balance Lease, and the
+// table it balances to (owned by the loop).
+type balanceState struct {
+	version    string // the counts annotation as last read ("" no Lease)
+	counts     []int  // the published node counts; nil: none or unreadable
+	publishing bool
+	lastCheck  time.Time
+	lastTry    time.Time
+	table      Table // the ring balanced with counts, for tableRing
+	tableRing  *Ring
+	tableVer   string
+}
+
 // balanceInterval is the least time between two publications by a replica.
 const balanceInterval = 10 * time.Second
 
@@ -147,10 +160,10 @@ func (c *Coordinator) publishBalance(ctx context.Context, counts []int) error {
 	return err
 }
 
-// readBalanceLocked decodes the balance Lease when it changed. Unreadable
+// readBalance decodes the balance Lease when it changed. Unreadable
 // counts are logged and ignored (the ring's own table is used), and the
 // publisher replaces them.
-func (c *Coordinator) readBalanceLocked(l *coordv1.Lease) {
+func (c *Coordinator) readBalance(l *coordv1.Lease) {
 	version := "" // the annotation itself: cheap to compare, and what matters
 	if l != nil {
 		version = "v:" + l.Annotations[annoPartitionNodes]
@@ -170,9 +183,9 @@ func (c *Coordinator) readBalanceLocked(l *coordv1.Lease) {
 	c.balance.counts = counts
 }
 
-// tableLocked is the ownership every live replica agrees on: the ring
+// table is the ownership every live replica agrees on: the ring
 // balanced with the published counts (the ring's own table while none are).
-func (c *Coordinator) tableLocked() Table {
+func (c *Coordinator) table() Table {
 	if c.ring == nil {
 		return Table{Owners: make([]string, c.cfg.Ring.Partitions)}
 	}
@@ -193,10 +206,10 @@ func (c *Coordinator) tableLocked() Table {
 	return t
 }
 
-// maybePublishBalanceLocked publishes the actual node counts when this
+// maybePublishBalance publishes the actual node counts when this
 // replica is the first live member and the shares have drifted (see
 // RebalanceReason). It looks at most once a second.
-func (c *Coordinator) maybePublishBalanceLocked(ctx context.Context, now time.Time, live, served []string) {
+func (c *Coordinator) maybePublishBalance(ctx context.Context, now time.Time, live, served []string) {
 	b := &c.balance
 	if c.ring == nil || len(live) == 0 || live[0] != c.self || c.leaving || b.publishing ||
 		!now.Before(c.leaseValidUntil) || now.Sub(b.lastCheck) < time.Second ||
@@ -211,7 +224,7 @@ func (c *Coordinator) maybePublishBalanceLocked(ctx context.Context, now time.Ti
 	reason := "no node counts published"
 	if b.counts != nil {
 		var err error
-		if reason, err = RebalanceReason(c.ring, c.tableLocked(), actual); err != nil {
+		if reason, err = RebalanceReason(c.ring, c.table(), actual); err != nil {
 			c.log.Error("balancing the ring", "err", err)
 			return
 		}
@@ -224,9 +237,7 @@ func (c *Coordinator) maybePublishBalanceLocked(ctx context.Context, now time.Ti
 	go func() {
 		err := c.publishBalance(ctx, actual)
 		c.results <- func() {
-			c.mu.Lock()
 			c.balance.publishing = false
-			c.mu.Unlock()
 			if err != nil {
 				c.log.Warn("publishing the partitions' node counts", "err", err)
 				return

@@ -205,7 +205,7 @@ func TestCoordinator_PublishesNodeCounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	refusePartitionCreates(c)
-	c.writeLease(ctx)
+	renew(t, c)
 	stop := make(chan struct{})
 	defer close(stop)
 	c.leaseInformers.Start(stop)
@@ -218,9 +218,7 @@ func TestCoordinator_PublishesNodeCounts(t *testing.T) {
 		t.Helper()
 		deadline := time.After(5 * time.Second)
 		for {
-			c.mu.Lock()
 			done := !c.balance.publishing
-			c.mu.Unlock()
 			if done {
 				break
 			}
@@ -240,9 +238,7 @@ func TestCoordinator_PublishesNodeCounts(t *testing.T) {
 	if err := c.step(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c.mu.Lock()
 	publishing := c.balance.publishing
-	c.mu.Unlock()
 	if !publishing {
 		t.Fatal("the only live member did not publish the node counts")
 	}
@@ -262,10 +258,8 @@ func TestCoordinator_PublishesNodeCounts(t *testing.T) {
 	if err := c.step(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c.mu.Lock()
 	counts, publishing := c.balance.counts, c.balance.publishing
-	owners := slices.Clone(c.tableLocked().Owners)
-	c.mu.Unlock()
+	owners := slices.Clone(c.table().Owners)
 	if counts != nil || publishing {
 		t.Fatalf("garbage counts were used (%v) or replaced within the interval (%v)", counts, publishing)
 	}
@@ -274,7 +268,7 @@ func TestCoordinator_PublishesNodeCounts(t *testing.T) {
 	}
 	for range int(balanceInterval / c.cfg.RenewPeriod) {
 		clk.Step(c.cfg.RenewPeriod)
-		c.writeLease(ctx)
+		renew(t, c)
 	}
 	if err := c.step(ctx); err != nil {
 		t.Fatal(err)
@@ -285,12 +279,10 @@ func TestCoordinator_PublishesNodeCounts(t *testing.T) {
 
 	// Another member that sorts first publishes; this one does not.
 	c2, _ := newTestCoordinator(t)
-	c2.mu.Lock()
 	c2.ring, _ = NewRing(c2.cfg.Ring, []string{"a-first", "r0"})
 	c2.leaseValidUntil = c2.clock.Now().Add(time.Minute)
-	c2.maybePublishBalanceLocked(ctx, c2.clock.Now(), []string{"a-first", "r0"}, nodes(40))
+	c2.maybePublishBalance(ctx, c2.clock.Now(), []string{"a-first", "r0"}, nodes(40))
 	publishing = c2.balance.publishing
-	c2.mu.Unlock()
 	if publishing {
 		t.Fatal("a replica that is not the first live member published")
 	}

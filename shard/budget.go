@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	coordv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/utils/clock"
 
 	"github.com/cce-ipam/sharded/cloud"
 )
@@ -42,10 +45,30 @@ type Share struct {
 	Busy  bool    `json:"busy,omitempty"`
 }
 
+// budgetPeers is what the budget needs to know of the replicas: its own
+// lease, and the others' as observed (the Fence's snapshot).
+type budgetPeers interface {
+	LeaseValid() bool
+	peerExpired(m string, now time.Time) bool
+	peerVersion(m string) string
+}
+
+// budgetDeps are the budget's connections and settings.
+type budgetDeps struct {
+	self         string
+	setter       RateSetter // nil: no budget to split
+	global       Share
+	leases       coordclient.LeaseInterface // the coordination namespace's
+	clock        clock.Clock
+	peers        budgetPeers
+	period       time.Duration // between adjustments
+	followDemand bool
+	log          *slog.Logger
+	metrics      budgetMetrics
+}
+
 type budget struct {
-	c      *Coordinator
-	setter RateSetter
-	global Share
+	budgetDeps
 
 	mu        sync.Mutex
 	share     Share // what the local limiter allows now
@@ -69,24 +92,12 @@ type UsageReporter interface {
 	Usage() (taken, waited int64)
 }
 
-func newBudget(c *Coordinator, setter RateSetter, rate float64, burst int64) *budget {
-	return &budget{c: c, setter: setter, global: Share{Rate: rate, Burst: burst}}
+func newBudget(deps budgetDeps) *budget {
+	return &budget{budgetDeps: deps}
 }
 
 // errNoShare closes the cloud gate while this replica holds no budget.
 var errNoShare = errors.New("no share of the BCE budget yet")
-
-// Gate is the cloud client's gate: calls go only while the replica's lease
-// is valid and it holds a published share.
-func (c *Coordinator) Gate() error {
-	if !c.LeaseValid() {
-		return errors.New("replica lease not valid")
-	}
-	if !c.budget.held() {
-		return errNoShare
-	}
-	return nil
-}
 
 // held reports whether the replica may spend cloud calls: it holds a
 // published, non-zero share, or there is no budget to split.
@@ -99,11 +110,11 @@ func (b *budget) held() bool {
 	return b.granted && b.share.Rate > 0
 }
 
-// Budget returns this replica's current share.
-func (c *Coordinator) Budget() Share {
-	c.budget.mu.Lock()
-	defer c.budget.mu.Unlock()
-	return c.budget.share
+// current returns this replica's current share.
+func (b *budget) current() Share {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.share
 }
 
 // Bounds of a usable share: no limiter runs faster (cloud's checkRate
@@ -144,8 +155,7 @@ func parseShares(raw string) (shares map[string]Share, invalid []string, err err
 	return shares, invalid, nil
 }
 
-// observe takes the live set and the budget Lease from the loop (called
-// under c.mu).
+// observe takes the live set and the budget Lease from the loop.
 func (b *budget) observe(l *coordv1.Lease, live []string, replicas int) {
 	published := map[string]Share{}
 	var invalid []string
@@ -164,7 +174,7 @@ func (b *budget) observe(l *coordv1.Lease, live []string, replicas int) {
 	b.invalid = fmt.Sprint(invalid)
 	b.mu.Unlock()
 	if logIt && len(invalid) > 0 {
-		b.c.log.Warn("budget lease has invalid shares; ignoring them", "members", invalid)
+		b.log.Warn("budget lease has invalid shares; ignoring them", "members", invalid)
 	}
 }
 
@@ -210,7 +220,7 @@ func (b *budget) demand(cur Share) (busy bool, need float64) {
 		return true, 0
 	}
 	taken, waited := u.Usage()
-	now := b.c.clock.Now()
+	now := b.clock.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.lastAt.IsZero() {
@@ -241,7 +251,7 @@ func (b *budget) loop(ctx context.Context) {
 		b.adjust(ctx)
 		select {
 		case <-ctx.Done():
-		case <-b.c.clock.After(b.c.cfg.RenewPeriod / 2):
+		case <-b.clock.After(b.period):
 		}
 	}
 }
@@ -253,24 +263,24 @@ func (b *budget) adjust(ctx context.Context) {
 	live, published, replicas := b.live, b.published, b.replicas
 	cur, granted := b.share, b.granted
 	b.mu.Unlock()
-	if !b.c.LeaseValid() {
+	if !b.peers.LeaseValid() {
 		if granted {
-			b.c.log.Warn("lease at risk: giving up the budget share")
+			b.log.Warn("lease at risk: giving up the budget share")
 			b.set(Share{}, false)
 		}
 		return
 	}
-	if _, ok := published[b.c.self]; granted && !ok && b.ownShareGone(ctx) {
+	if _, ok := published[b.self]; granted && !ok && b.ownShareGone(ctx) {
 		// Someone dropped our entry (or the object was reset): the room may
 		// have been handed out. Stop spending it, then ask again below.
 		b.loseShare("this replica's share is gone from the budget lease")
 		cur, granted = Share{}, false
 	}
 	busy, need := true, 0.0 // everyone busy: the even split
-	if b.c.cfg.BudgetFollowDemand {
+	if b.followDemand {
 		busy, need = b.demand(cur)
 	}
-	want := demandTarget(b.global, live, b.c.self, published, busy, need)
+	want := demandTarget(b.global, live, b.self, published, busy, need)
 	b.setOpShare(replicas)
 	switch {
 	case want.Rate < cur.Rate*0.9-rateEpsilon || want.Burst < cur.Burst || (want.Rate == 0 && cur.Rate > 0):
@@ -278,14 +288,14 @@ func (b *budget) adjust(ctx context.Context) {
 		lower := Share{Rate: math.Min(want.Rate, cur.Rate), Burst: min(want.Burst, cur.Burst), Busy: busy}
 		b.set(lower, granted && lower.Rate > 0)
 		if err := b.publish(ctx, func(map[string]Share) Share { return lower }); err != nil {
-			b.c.log.Warn("publishing a lower budget share failed; retrying", "err", err)
+			b.log.Warn("publishing a lower budget share failed; retrying", "err", err)
 		}
 	case want.Rate > cur.Rate*1.1+rateEpsilon || want.Burst > cur.Burst || !granted:
 		var got Share
 		err := b.publish(ctx, func(shares map[string]Share) Share {
 			var others Share
 			for m, s := range shares {
-				if m != b.c.self {
+				if m != b.self {
 					others.Rate += s.Rate
 					others.Burst += s.Burst
 				}
@@ -307,7 +317,7 @@ func (b *budget) adjust(ctx context.Context) {
 			return got
 		})
 		if err != nil {
-			b.c.log.Debug("raising the budget share failed; retrying", "err", err)
+			b.log.Debug("raising the budget share failed; retrying", "err", err)
 			return
 		}
 		if got.Rate > 0 && got.Burst >= 1 {
@@ -333,7 +343,7 @@ func (b *budget) loseShare(why string) {
 	b.mu.Lock()
 	had := b.share
 	b.mu.Unlock()
-	b.c.log.Warn("dropping the budget share", "reason", why, "had", had.Rate)
+	b.log.Warn("dropping the budget share", "reason", why, "had", had.Rate)
 	b.set(Share{}, false)
 }
 
@@ -343,16 +353,16 @@ func (b *budget) loseShare(why string) {
 func (b *budget) ownShareGone(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	l, err := b.c.kube.CoordinationV1().Leases(b.c.cfg.Namespace).Get(ctx, budgetLeaseName, metav1.GetOptions{})
+	l, err := b.leases.Get(ctx, budgetLeaseName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return true
 	}
 	if err != nil {
-		b.c.log.Debug("reading the budget lease failed", "err", err)
+		b.log.Debug("reading the budget lease failed", "err", err)
 		return false
 	}
 	shares, _, err := parseShares(l.Annotations[annoShares])
-	_, ok := shares[b.c.self]
+	_, ok := shares[b.self]
 	return err != nil || !ok
 }
 
@@ -362,17 +372,15 @@ func (b *budget) ownShareGone(ctx context.Context) bool {
 // stalled watch makes every peer look dead; their shares must stay (the same
 // rule as a claim's takeover, claimIO).
 func (b *budget) confirmExpired(ctx context.Context, m string) bool {
-	b.c.mu.Lock()
-	o := b.c.seen[m]
-	b.c.mu.Unlock()
-	l, err := b.c.kube.CoordinationV1().Leases(b.c.cfg.Namespace).Get(ctx, ReplicaLeaseName(m), metav1.GetOptions{})
+	seen := b.peers.peerVersion(m)
+	l, err := b.leases.Get(ctx, ReplicaLeaseName(m), metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return o.version == "" // else gone only now: wait a lease duration from here
+		return seen == "" // else gone only now: wait a lease duration from here
 	case err != nil:
 		return false
 	}
-	return o.version != "" && l.ResourceVersion == o.version
+	return seen != "" && l.ResourceVersion == seen
 }
 
 // revoke closes the gate until a share is won again by CAS.
@@ -380,8 +388,8 @@ func (b *budget) revoke() {
 	b.mu.Lock()
 	b.share, b.granted = Share{}, false
 	b.mu.Unlock()
-	b.c.metrics.budgetRate.Set(0)
-	b.c.metrics.budgetBurst.Set(0)
+	b.metrics.rate.Set(0)
+	b.metrics.burst.Set(0)
 }
 
 // OpSharer scales the per-operation limits (cloud.Client implements it).
@@ -398,7 +406,7 @@ func (b *budget) setOpShare(n int) {
 		return
 	}
 	if err := o.SetOpShare(1 / float64(n)); err != nil {
-		b.c.log.Error("setting the per-operation limits failed", "err", err)
+		b.log.Error("setting the per-operation limits failed", "err", err)
 		return
 	}
 	b.opShareN = n
@@ -408,7 +416,7 @@ func (b *budget) setOpShare(n int) {
 func (b *budget) set(s Share, granted bool) {
 	if s.Rate > 0 && s.Burst >= 1 {
 		if err := b.setter.SetRate(s.Rate, s.Burst); err != nil {
-			b.c.log.Error("setting the cloud rate failed", "err", err)
+			b.log.Error("setting the cloud rate failed", "err", err)
 			granted = false
 		}
 	}
@@ -416,10 +424,10 @@ func (b *budget) set(s Share, granted bool) {
 	changed := b.share != s || b.granted != granted
 	b.share, b.granted = s, granted
 	b.mu.Unlock()
-	b.c.metrics.budgetRate.Set(s.Rate)
-	b.c.metrics.budgetBurst.Set(float64(s.Burst))
+	b.metrics.rate.Set(s.Rate)
+	b.metrics.burst.Set(float64(s.Burst))
 	if changed {
-		b.c.log.Info("budget share", "rate", s.Rate, "burst", s.Burst, "granted", granted)
+		b.log.Info("budget share", "rate", s.Rate, "burst", s.Burst, "granted", granted)
 	}
 }
 
@@ -430,7 +438,6 @@ func (b *budget) set(s Share, granted bool) {
 // it writes nothing, drops its share and returns errShareLost: writing the
 // old share back unchecked could put the sum above the budget.
 func (b *budget) publish(ctx context.Context, mine func(shares map[string]Share) Share) error {
-	client := b.c.kube.CoordinationV1().Leases(b.c.cfg.Namespace)
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	b.mu.Lock()
@@ -439,28 +446,26 @@ func (b *budget) publish(ctx context.Context, mine func(shares map[string]Share)
 	confirmed := map[string]bool{} // expiry confirmed by a direct read, per member
 	for attempt := 0; attempt < 5; attempt++ {
 		lost := false
-		err := casAnnotations(ctx, client, budgetLeaseName, kindBudget, func(a map[string]string) {
+		err := casAnnotations(ctx, b.leases, budgetLeaseName, kindBudget, func(a map[string]string) {
 			shares, invalid, err := parseShares(a[annoShares])
 			if err != nil {
 				// A corrupt object: start over; every replica finds its
 				// share gone, drops it and asks again.
-				b.c.log.Warn("budget lease has unreadable shares; resetting", "err", err)
+				b.log.Warn("budget lease has unreadable shares; resetting", "err", err)
 			} else if len(invalid) > 0 {
-				b.c.log.Warn("budget lease has invalid shares; dropping them", "members", invalid)
+				b.log.Warn("budget lease has invalid shares; dropping them", "members", invalid)
 			}
-			if _, ok := shares[b.c.self]; held && !ok {
+			if _, ok := shares[b.self]; held && !ok {
 				lost = true
 				return
 			}
-			now := b.c.clock.Now()
+			now := b.clock.Now()
 			var suspects []string
-			b.c.mu.Lock()
 			for m := range shares {
-				if m != b.c.self && b.c.expiredLocked(m, now) {
+				if m != b.self && b.peers.peerExpired(m, now) {
 					suspects = append(suspects, m)
 				}
 			}
-			b.c.mu.Unlock()
 			for _, m := range suspects {
 				ok, done := confirmed[m]
 				if !done {
@@ -473,9 +478,9 @@ func (b *budget) publish(ctx context.Context, mine func(shares map[string]Share)
 			}
 			s := mine(shares)
 			if s.Rate <= 0 && !s.Busy {
-				delete(shares, b.c.self)
+				delete(shares, b.self)
 			} else {
-				shares[b.c.self] = s
+				shares[b.self] = s
 			}
 			raw, _ := json.Marshal(shares)
 			a[annoShares] = string(raw)

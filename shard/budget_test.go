@@ -43,7 +43,7 @@ func newBudgetEnv(t *testing.T, followDemand bool) *budgetEnv {
 		t.Fatal(err)
 	}
 	e := &budgetEnv{t: t, ctx: context.Background(), kube: kube, clk: clk, c: c}
-	c.writeLease(e.ctx) // r0's lease is valid
+	renew(t, c) // r0's lease is valid
 	return e
 }
 
@@ -62,9 +62,8 @@ func (e *budgetEnv) peer(m string) string {
 // sees sets what r0's watch shows of m's Lease: version (or "" for absent),
 // unchanged since age ago.
 func (e *budgetEnv) sees(m, version string, age time.Duration) {
-	e.c.mu.Lock()
 	e.c.seen[m] = observed{version: version, since: e.clk.Now().Add(-age)}
-	e.c.mu.Unlock()
+	e.c.publish()
 }
 
 // putShares writes the budget Lease's shares annotation as another replica

@@ -40,6 +40,28 @@ func newTestCoordinator(t *testing.T) (*Coordinator, *clocktesting.FakeClock) {
 	return c, clk
 }
 
+// renew writes the replica Lease and applies the renewal as the loop would.
+func renew(t *testing.T, c *Coordinator) {
+	t.Helper()
+	renewed := c.writeLease(context.Background())
+	if renewed == nil {
+		t.Fatal("renewing the replica lease failed")
+	}
+	renewed()
+}
+
+// serveByHand moves partition p to Serving as won claims do, and publishes.
+func serveByHand(t *testing.T, c *Coordinator, p int) {
+	t.Helper()
+	if err := c.own.set(p, Claiming); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.own.set(p, Serving); err != nil {
+		t.Fatal(err)
+	}
+	c.publish()
+}
+
 // After a pause longer than the renew deadline, a successful renewal must not
 // make the old claims servable again: every partition is fenced first and
 // must be won again by CAS (a watch that has not caught up may still show
@@ -50,15 +72,8 @@ func TestCoordinator_LapsedLeaseFencesBeforeRenewalCounts(t *testing.T) {
 	const node = "node-a"
 	p := PartitionOf(c.cfg.Ring.Partitions, node)
 
-	c.writeLease(ctx) // creates the replica Lease; valid for RenewDeadline
-	c.mu.Lock()
-	if err := c.own.set(p, Claiming); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.own.set(p, Serving); err != nil {
-		t.Fatal(err)
-	}
-	c.mu.Unlock()
+	renew(t, c) // creates the replica Lease; valid for RenewDeadline
+	serveByHand(t, c, p)
 	if _, err := c.MayAct(node); err != nil {
 		t.Fatalf("serving with a fresh lease: %v", err)
 	}
@@ -67,17 +82,15 @@ func TestCoordinator_LapsedLeaseFencesBeforeRenewalCounts(t *testing.T) {
 	if _, err := c.MayAct(node); err == nil {
 		t.Fatal("MayAct allowed a write after the lease lapsed")
 	}
-	c.writeLease(ctx) // the first renewal after SIGCONT succeeds
+	renewed := c.writeLease(ctx) // the first renewal after SIGCONT succeeds
+	if renewed == nil {
+		t.Fatal("the renewal failed")
+	}
 	if _, err := c.MayAct(node); err == nil {
 		t.Fatal("a renewal after a lapse re-armed the old claim before it was fenced")
 	}
-	// The loop applies the relapse: the partition is fenced, the lease valid.
-	select {
-	case f := <-c.results:
-		f()
-	default:
-		t.Fatal("a renewal after a lapse queued no fence")
-	}
+	// The loop applies the renewal: the partition is fenced, the lease valid.
+	renewed()
 	if st := c.own.State(p); st != Unowned {
 		t.Fatalf("partition state after the relapse = %s, want unowned", st)
 	}
@@ -95,25 +108,19 @@ func TestCoordinator_LapsedLeaseFencesBeforeRenewalCounts(t *testing.T) {
 // A renewal that is not late extends the lease and fences nothing.
 func TestCoordinator_TimelyRenewalKeepsServing(t *testing.T) {
 	c, clk := newTestCoordinator(t)
-	ctx := context.Background()
 	const node = "node-b"
 	p := PartitionOf(c.cfg.Ring.Partitions, node)
-	c.writeLease(ctx)
-	c.mu.Lock()
-	_ = c.own.set(p, Claiming)
-	_ = c.own.set(p, Serving)
-	c.mu.Unlock()
+	renew(t, c)
+	serveByHand(t, c, p)
 	for range 10 {
 		clk.Step(c.cfg.RenewPeriod)
-		c.writeLease(ctx)
+		renew(t, c)
+		if st := c.own.State(p); st != Serving {
+			t.Fatalf("a timely renewal fenced the partition (state %s)", st)
+		}
 	}
 	if _, err := c.MayAct(node); err != nil {
 		t.Fatalf("timely renewals: %v", err)
-	}
-	select {
-	case <-c.results:
-		t.Fatal("a timely renewal queued a fence")
-	default:
 	}
 }
 
@@ -124,7 +131,7 @@ func TestCoordinator_TimelyRenewalKeepsServing(t *testing.T) {
 func TestCoordinator_ReleasesOrphanedClaims(t *testing.T) {
 	c, _ := newTestCoordinator(t)
 	ctx := context.Background()
-	c.writeLease(ctx)
+	renew(t, c)
 	ring, err := NewRing(c.cfg.Ring, []string{"r0", "r1"})
 	if err != nil {
 		t.Fatal(err)
@@ -151,10 +158,8 @@ func TestCoordinator_ReleasesOrphanedClaims(t *testing.T) {
 		}
 		claims[p] = Claim{Holder: "r0", Version: l.ResourceVersion}
 	}
-	c.mu.Lock()
 	c.ring = ring
-	c.releaseOrphansLocked(ctx, c.clock.Now(), claims, map[int]bool{})
-	c.mu.Unlock()
+	c.releaseOrphans(ctx, c.clock.Now(), claims, map[int]bool{})
 	select {
 	case f := <-c.results:
 		f()
@@ -184,22 +189,17 @@ func TestCoordinator_ReleasesOrphanedClaims(t *testing.T) {
 func TestCoordinator_ColdStartHoldsClaimsUntilSettled(t *testing.T) {
 	c, clk := newTestCoordinator(t)
 	c.cfg.ColdStartSettle = 2 * time.Second
-	ctx := context.Background()
-	c.writeLease(ctx)
+	renew(t, c)
 	claims := make([]Claim, c.cfg.Ring.Partitions)
 	hold := func(live []string, gossip map[string]bool) string {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return c.holdClaimsLocked(clk.Now(), live, claims, gossip)
+		return c.holdClaims(clk.Now(), live, claims, gossip)
 	}
 	if h := hold([]string{"r0"}, nil); h == "" {
 		t.Fatal("a replica alone at its start claimed at once")
 	}
 	clk.Step(time.Second)
 	// r1's Lease appears (gossip has not seen it yet): the view changed.
-	c.mu.Lock()
 	c.seen["r1"] = observed{version: "1", since: clk.Now()}
-	c.mu.Unlock()
 	if h := hold([]string{"r0"}, map[string]bool{"r0": true}); h == "" {
 		t.Fatal("claimed while another replica's Lease had just appeared")
 	}
@@ -220,12 +220,10 @@ func TestCoordinator_ColdStartHoldsClaimsUntilSettled(t *testing.T) {
 	// A view that never settles holds claims back only up to the cap.
 	c2, clk2 := newTestCoordinator(t)
 	c2.cfg.ColdStartSettle = 2 * time.Second
-	c2.writeLease(ctx)
+	renew(t, c2)
 	for i := 0; ; i++ {
-		c2.mu.Lock()
 		c2.seen["flapping"] = observed{version: "1", since: clk2.Now(), leaving: i%2 == 1}
-		h := c2.holdClaimsLocked(clk2.Now(), []string{"r0"}, claims, nil)
-		c2.mu.Unlock()
+		h := c2.holdClaims(clk2.Now(), []string{"r0"}, claims, nil)
 		if h == "" {
 			if el := clk2.Now().Sub(c2.startedAt); el < c2.cfg.ColdStartSettle+c2.cfg.LeaseDuration {
 				t.Fatalf("claimed after %s although the view kept changing", el)
@@ -241,12 +239,10 @@ func TestCoordinator_ColdStartHoldsClaimsUntilSettled(t *testing.T) {
 	// Joining a running cluster (a live replica holds a claim): no wait.
 	c3, _ := newTestCoordinator(t)
 	c3.cfg.ColdStartSettle = 2 * time.Second
-	c3.writeLease(ctx)
+	renew(t, c3)
 	running := make([]Claim, c3.cfg.Ring.Partitions)
 	running[7] = Claim{Holder: "r1", Version: "5"}
-	c3.mu.Lock()
-	h := c3.holdClaimsLocked(c3.clock.Now(), []string{"r0", "r1"}, running, nil)
-	c3.mu.Unlock()
+	h := c3.holdClaims(c3.clock.Now(), []string{"r0", "r1"}, running, nil)
 	if h != "" {
 		t.Fatalf("a replica joining a running cluster held its claims: %s", h)
 	}
@@ -254,16 +250,12 @@ func TestCoordinator_ColdStartHoldsClaimsUntilSettled(t *testing.T) {
 	// With a budget to split, nothing is claimed before a share is held
 	// (the rebuild needs the cloud).
 	c3.budget.setter = rateRecorder{}
-	c3.mu.Lock()
-	h = c3.holdClaimsLocked(c3.clock.Now(), []string{"r0", "r1"}, running, nil)
-	c3.mu.Unlock()
+	h = c3.holdClaims(c3.clock.Now(), []string{"r0", "r1"}, running, nil)
 	if h == "" {
 		t.Fatal("claimed without a share of the cloud budget")
 	}
 	c3.budget.set(Share{Rate: 5, Burst: 2}, true)
-	c3.mu.Lock()
-	h = c3.holdClaimsLocked(c3.clock.Now(), []string{"r0", "r1"}, running, nil)
-	c3.mu.Unlock()
+	h = c3.holdClaims(c3.clock.Now(), []string{"r0", "r1"}, running, nil)
 	if h != "" {
 		t.Fatalf("holding with a granted share: %s", h)
 	}
@@ -294,7 +286,7 @@ func TestCoordinator_HeldStepClaimsNothing(t *testing.T) {
 	// The claims are counted when they start.
 	refusePartitionCreates(c)
 	ctx := context.Background()
-	c.writeLease(ctx)
+	renew(t, c)
 	stop := make(chan struct{})
 	defer close(stop)
 	c.leaseInformers.Start(stop)
@@ -302,20 +294,16 @@ func TestCoordinator_HeldStepClaimsNothing(t *testing.T) {
 	if err := c.step(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c.mu.Lock()
 	inFlight := c.claimsInFlight
-	c.mu.Unlock()
 	if inFlight != 0 {
 		t.Fatalf("a held step started %d claims", inFlight)
 	}
 	clk.Step(2100 * time.Millisecond)
-	c.writeLease(ctx)
+	renew(t, c)
 	if err := c.step(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c.mu.Lock()
 	inFlight = c.claimsInFlight
-	c.mu.Unlock()
 	if inFlight != c.cfg.Ring.Partitions {
 		t.Fatalf("after the settle the step started %d claims, want all %d", inFlight, c.cfg.Ring.Partitions)
 	}
@@ -344,8 +332,6 @@ func TestCoordinator_BatchWaitsForClaimsInFlight(t *testing.T) {
 	}
 	p := PartitionOf(c.cfg.Ring.Partitions, node)
 	ctx := context.Background()
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if err := c.own.set(p, Claiming); err != nil {
 		t.Fatal(err)
 	}
@@ -357,14 +343,14 @@ func TestCoordinator_BatchWaitsForClaimsInFlight(t *testing.T) {
 	c.claimsInFlight, c.claimsSince = 1, clk.Now()
 	clk.Step(2 * time.Second)
 	claims := make([]Claim, c.cfg.Ring.Partitions)
-	c.reconcileNodesLocked(ctx, clk.Now(), claims, c.servedNodes())
+	c.reconcileNodes(ctx, clk.Now(), claims, c.servedNodes())
 	select {
 	case b := <-rec.batches:
 		t.Fatalf("served %v while a claim was in flight for 2 s, want the batch to wait for it", b)
 	case <-time.After(200 * time.Millisecond):
 	}
 	clk.Step(claimSettle)
-	c.reconcileNodesLocked(ctx, clk.Now(), claims, c.servedNodes())
+	c.reconcileNodes(ctx, clk.Now(), claims, c.servedNodes())
 	select {
 	case b := <-rec.batches:
 		if len(b) != 1 || b[0] != node {
@@ -381,26 +367,24 @@ func TestCoordinator_BatchWaitsForClaimsInFlight(t *testing.T) {
 func TestCoordinator_NotReadyWhileClaiming(t *testing.T) {
 	c, clk := newTestCoordinator(t)
 	ctx := context.Background()
-	c.writeLease(ctx)
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	renew(t, c)
 	c.stepped = true
 	claims := make([]Claim, c.cfg.Ring.Partitions)
-	c.reconcileNodesLocked(ctx, clk.Now(), claims, nil)
+	c.reconcileNodes(ctx, clk.Now(), claims, nil)
 	if c.readyReason != "" {
 		t.Fatalf("not ready with nothing to serve: %s", c.readyReason)
 	}
 	if err := c.own.set(7, Claiming); err != nil {
 		t.Fatal(err)
 	}
-	c.reconcileNodesLocked(ctx, clk.Now(), claims, nil)
+	c.reconcileNodes(ctx, clk.Now(), claims, nil)
 	if c.readyReason == "" {
 		t.Fatal("ready while the claim of partition 7 is in flight")
 	}
 	if err := c.own.set(7, Serving); err != nil {
 		t.Fatal(err)
 	}
-	c.reconcileNodesLocked(ctx, clk.Now(), claims, nil)
+	c.reconcileNodes(ctx, clk.Now(), claims, nil)
 	if c.readyReason != "" {
 		t.Fatalf("not ready once partition 7 (no nodes) is served: %s", c.readyReason)
 	}

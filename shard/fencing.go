@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -11,33 +12,45 @@ import (
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
 )
 
-// Fencing enforced by the API server (issue #19, finding 4; DESIGN.md,
-// "Fencing in the API server"). The wep writes carry the token of the claim
+// Fencing enforced by the API server (DESIGN.md, "Fencing in the API
+// server"). The wep writes carry the token of the claim
 // they are made under (ipam/fencing.go); the fencing ValidatingAdmissionPolicy
 // refuses a token that is not the partition's current claim.
 
-var _ ipam.TokenFence = (*Coordinator)(nil)
+// policyState is what the last look for the fencing policy found. The
+// policy check writes it; the loop, the claims and /shard/status read it.
+type policyState struct {
+	mu      sync.Mutex
+	present bool   // the fencing policy and its binding exist
+	detail  string // why not
+	checked bool
+}
 
-// FenceToken implements ipam.TokenFence: MayAct's answer, and the claim it
-// rests on (the partition, this replica, the claim's epoch).
-func (c *Coordinator) FenceToken(node string) (ipam.FenceToken, time.Time, error) {
-	p := PartitionOf(c.cfg.Ring.Partitions, node)
-	until, err := c.MayAct(node)
-	if err != nil {
-		return ipam.FenceToken{}, time.Time{}, err
+// get returns whether the policy is present, and why not.
+func (s *policyState) get() (present bool, detail string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.present, s.detail
+}
+
+// set records a check's answer and returns the previous one.
+func (s *policyState) set(detail string) (was bool, wasDetail string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	was, wasDetail = s.present, s.detail
+	s.present, s.detail, s.checked = detail == "", detail, true
+	return was, wasDetail
+}
+
+// describe is the answer for /shard/status and /readyz: "" when the policy
+// is present, else why not.
+func (s *policyState) describe() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.checked {
+		return "not checked yet"
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	cl := Claim{}
-	if w, ok := c.written[p]; ok {
-		cl = w.claim
-	} else if p < len(c.claims) {
-		cl = c.claims[p]
-	}
-	if cl.Holder != c.self {
-		return ipam.FenceToken{}, time.Time{}, fmt.Errorf("%w: the claim of partition %d names %q", ErrNotOwner, p, cl.Holder)
-	}
-	return ipam.FenceToken{Partition: p, Holder: c.self, Epoch: cl.Epoch}, until, nil
+	return s.detail
 }
 
 // fenceCatchUpMax bounds how long a takeover waits for the API server's
@@ -53,10 +66,7 @@ const fenceCatchUpMax = 10 * time.Second
 // accepted (the informer delivers in order, so either proves the CAS is
 // seen). At most fenceCatchUpMax; nothing to wait for without the policy.
 func (c *Coordinator) awaitFence(ctx context.Context, p int, old, won Claim) {
-	c.mu.Lock()
-	present := c.policyPresent
-	c.mu.Unlock()
-	if c.fenceProbe == nil || !present {
+	if present, _ := c.policy.get(); c.fenceProbe == nil || !present {
 		return
 	}
 	tok, wantRefused := ipam.FenceToken{Partition: p, Holder: old.Holder, Epoch: old.Epoch}, true
@@ -138,10 +148,7 @@ func (c *Coordinator) checkPolicy(ctx context.Context) {
 			return
 		}
 	}
-	c.mu.Lock()
-	was, wasDetail := c.policyPresent, c.policyDetail
-	c.policyPresent, c.policyDetail, c.policyChecked = detail == "", detail, true
-	c.mu.Unlock()
+	was, wasDetail := c.policy.set(detail)
 	if detail == "" {
 		c.metrics.policyPresent.Set(1)
 		if !was {
@@ -158,11 +165,4 @@ func (c *Coordinator) checkPolicy(ctx context.Context) {
 
 // FencingPolicy is what the last check found: "" when the policy and its
 // binding exist, else why fencing is only by this replica's clock.
-func (c *Coordinator) FencingPolicy() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.policyChecked {
-		return "not checked yet"
-	}
-	return c.policyDetail
-}
+func (c *Coordinator) FencingPolicy() string { return c.policy.describe() }

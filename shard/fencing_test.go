@@ -52,31 +52,26 @@ func TestCoordinator_ClaimEpochMovesOnEveryCAS(t *testing.T) {
 	}
 
 	// Serving: the token names the claim as written.
-	c.writeLease(ctx)
-	c.mu.Lock()
-	_ = c.own.set(p, Claiming)
-	_ = c.own.set(p, Serving)
+	renew(t, c)
 	c.written[p] = writtenClaim{claim: cl, replaced: l.ResourceVersion}
-	c.mu.Unlock()
+	serveByHand(t, c, p)
 	tok, _, err := c.FenceToken(node)
 	if err != nil || tok != (ipam.FenceToken{Partition: p, Holder: "r0", Epoch: 8}) {
 		t.Fatalf("FenceToken = %+v, %v; want partition %d, r0, epoch 8", tok, err, p)
 	}
 
 	// The watch shows someone else's claim: no token.
-	c.mu.Lock()
 	delete(c.written, p)
 	c.claims = make([]Claim, c.cfg.Ring.Partitions)
 	c.claims[p] = Claim{Holder: "r2", Version: "x", Epoch: 9}
-	c.mu.Unlock()
+	c.publish()
 	if _, _, err := c.FenceToken(node); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("FenceToken on a claim naming another replica: %v, want ErrNotOwner", err)
 	}
 
 	// The release moves it on too.
-	c.mu.Lock()
 	c.claims[p] = Claim{Holder: "r0", Version: read().ResourceVersion, Epoch: 8}
-	c.mu.Unlock()
+	c.publish()
 	c.release(ctx, p, read().ResourceVersion)
 	if got := read(); ptr.Deref(got.Spec.HolderIdentity, "x") != "" || ptr.Deref(got.Spec.LeaseTransitions, 0) != 9 {
 		t.Fatalf("after the release: holder %v transitions %v, want \"\" and 9", got.Spec.HolderIdentity, got.Spec.LeaseTransitions)
@@ -106,9 +101,7 @@ func TestCoordinator_AwaitFenceProbesUntilCaughtUp(t *testing.T) {
 	if len(probes) != 0 {
 		t.Fatalf("probed %d times without the policy", len(probes))
 	}
-	c.mu.Lock()
-	c.policyPresent = true
-	c.mu.Unlock()
+	c.policy.set("")
 	c.awaitFence(ctx, 7, Claim{Holder: "r1", Epoch: 4}, Claim{Holder: "r0", Epoch: 5})
 	if len(probes) != 3 || probes[0] != (ipam.FenceToken{Partition: 7, Holder: "r1", Epoch: 4}) {
 		t.Fatalf("takeover probes = %+v, want 3 under the old token", probes)
@@ -136,9 +129,7 @@ func TestCoordinator_ChecksFencingPolicy(t *testing.T) {
 	if v := gaugeValue(c.metrics.policyPresent); v != 0 {
 		t.Fatalf("cce_ipam_fencing_policy_present = %v, want 0", v)
 	}
-	c.mu.Lock()
-	hold := c.holdClaimsLocked(c.clock.Now(), nil, nil, nil)
-	c.mu.Unlock()
+	hold := c.holdClaims(c.clock.Now(), nil, nil, nil)
 	if !strings.Contains(hold, "fencing policy missing") {
 		t.Fatalf("hold reason with the policy required and missing: %q", hold)
 	}
@@ -160,9 +151,7 @@ func TestCoordinator_ChecksFencingPolicy(t *testing.T) {
 	if v := gaugeValue(c.metrics.policyPresent); v != 1 {
 		t.Fatalf("cce_ipam_fencing_policy_present = %v, want 1", v)
 	}
-	c.mu.Lock()
-	hold = c.holdClaimsLocked(c.clock.Now(), nil, nil, nil)
-	c.mu.Unlock()
+	hold = c.holdClaims(c.clock.Now(), nil, nil, nil)
 	if strings.Contains(hold, "fencing") {
 		t.Fatalf("hold reason with the policy present: %q", hold)
 	}

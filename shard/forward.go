@@ -107,7 +107,7 @@ func (r *Router) UnaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 	}
 	pf, ok := req.(podFields)
 	if !ok || len(vals) != 1 {
-		r.coord.metrics.forwardRejected.Inc()
+		r.metrics.forwardRejected.Inc()
 		return nil, status.Error(codes.PermissionDenied, ErrForgedForward.Error())
 	}
 	method := info.FullMethod
@@ -117,7 +117,7 @@ func (r *Router) UnaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 	}
 	from, err := r.auth.Verify(method, pf, vals[0])
 	if err != nil {
-		r.coord.metrics.forwardRejected.Inc()
+		r.metrics.forwardRejected.Inc()
 		r.log.Warn("rejected a forwarded call", "method", method, "err", err)
 		return nil, status.Error(codes.PermissionDenied, err.Error())
 	}

@@ -15,19 +15,16 @@ type metrics struct {
 	handoverDuration  prometheus.Histogram
 	renewFailures     prometheus.Counter
 	leaseValid        prometheus.Gauge
-	budgetRate        prometheus.Gauge
-	budgetBurst       prometheus.Gauge
-	forwarded         *prometheus.CounterVec
-	ownerWaits        *prometheus.CounterVec
-	forwardRejected   prometheus.Counter
 	balancePublished  prometheus.Counter
 	policyPresent     prometheus.Gauge
 	fenceCatchUp      prometheus.Histogram
+	budget            budgetMetrics
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
 	return &metrics{
+		budget: newBudgetMetrics(reg),
 		policyPresent: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_fencing_policy_present",
 			Help: "1 when the fencing ValidatingAdmissionPolicy and its binding exist (the API server refuses wep writes under a stale claim), else 0.",
@@ -66,12 +63,37 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		leaseValid: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_shard_lease_valid", Help: "1 while this replica's Lease is valid (it may serve), else 0.",
 		}),
-		budgetRate: f.NewGauge(prometheus.GaugeOpts{
+	}
+}
+
+// budgetMetrics are the budget's own.
+type budgetMetrics struct {
+	rate  prometheus.Gauge
+	burst prometheus.Gauge
+}
+
+func newBudgetMetrics(reg prometheus.Registerer) budgetMetrics {
+	f := promauto.With(reg)
+	return budgetMetrics{
+		rate: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_shard_budget_rate", Help: "This replica's share of the cluster-wide BCE call rate (calls per second).",
 		}),
-		budgetBurst: f.NewGauge(prometheus.GaugeOpts{
+		burst: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_shard_budget_burst", Help: "This replica's share of the cluster-wide BCE burst.",
 		}),
+	}
+}
+
+// routerMetrics are the router's own.
+type routerMetrics struct {
+	forwarded       *prometheus.CounterVec
+	ownerWaits      *prometheus.CounterVec
+	forwardRejected prometheus.Counter
+}
+
+func newRouterMetrics(reg prometheus.Registerer) routerMetrics {
+	f := promauto.With(reg)
+	return routerMetrics{
 		forwarded: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_shard_forwarded_requests_total", Help: "CNI calls forwarded to the owning replica, by result (ok, error, not_owner).",
 		}, []string{"result"}),
@@ -84,8 +106,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 }
 
-// updateMetricsLocked refreshes the gauges (called under c.mu).
-func (c *Coordinator) updateMetricsLocked() {
+// updateMetrics refreshes the gauges (on the loop).
+func (c *Coordinator) updateMetrics() {
 	up := 0
 	for _, st := range c.nodeState {
 		if st == nodeUp {

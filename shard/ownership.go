@@ -214,6 +214,9 @@ func (o *Ownership) fence(p int) error {
 	return nil
 }
 
+// States returns a copy of every partition's state.
+func (o *Ownership) States() []PartitionState { return slices.Clone(o.states) }
+
 // Serving lists the partitions in state Serving.
 func (o *Ownership) Serving() []int {
 	var out []int

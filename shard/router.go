@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -36,13 +37,16 @@ type Locator interface {
 // holds right now (a hand-over) waits up to OwnerWait, then fails with a
 // retryable error that kubelet retries.
 type Router struct {
-	coord   *Coordinator
-	local   cni.Backend
-	locator Locator
-	mover   Mover // serves fixed-IP moves for this replica's nodes (move.go); nil: none
-	auth    *Authenticator
-	log     *slog.Logger
-	poll    time.Duration
+	routes    Routes
+	self      string
+	ownerWait time.Duration
+	local     cni.Backend
+	locator   Locator
+	mover     Mover // serves fixed-IP moves for this replica's nodes (move.go); nil: none
+	auth      *Authenticator
+	log       *slog.Logger
+	metrics   routerMetrics
+	poll      time.Duration
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
@@ -50,14 +54,47 @@ type Router struct {
 
 var _ cni.Backend = (*Router)(nil)
 
-// NewRouter routes calls for coord's replica; local serves its own nodes.
-func NewRouter(coord *Coordinator, local cni.Backend, locator Locator, auth *Authenticator, log *slog.Logger) *Router {
+// Routes answers where a call for a node goes now (Fence implements it).
+type Routes interface {
+	RouteOf(node string) Route
+}
+
+// RouterDeps are a Router's connections.
+type RouterDeps struct {
+	// Self is this replica's member name (it signs forwarded calls).
+	Self string
+	// Routes is this replica's routing table (the Coordinator's Fence).
+	Routes Routes
+	// Local serves the calls for this replica's own nodes.
+	Local cni.Backend
+	// Locator finds a call's node; when it is a Mover too, it frees fixed
+	// IPs moved away from this replica's nodes.
+	Locator Locator
+	// Auth signs and verifies forwarded calls.
+	Auth *Authenticator
+	// OwnerWait bounds the wait for a node without an owner
+	// (Config.OwnerWait).
+	OwnerWait time.Duration
+}
+
+// NewRouter routes calls for one replica.
+func NewRouter(deps RouterDeps, log *slog.Logger, reg prometheus.Registerer) *Router {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Router{coord: coord, local: local, locator: locator, auth: auth, log: log,
-		poll: 100 * time.Millisecond, conns: map[string]*grpc.ClientConn{}}
-	if m, ok := locator.(Mover); ok {
+	r := &Router{
+		routes:    deps.Routes,
+		self:      deps.Self,
+		ownerWait: deps.OwnerWait,
+		local:     deps.Local,
+		locator:   deps.Locator,
+		auth:      deps.Auth,
+		log:       log,
+		metrics:   newRouterMetrics(reg),
+		poll:      100 * time.Millisecond,
+		conns:     map[string]*grpc.ClientConn{},
+	}
+	if m, ok := deps.Locator.(Mover); ok {
 		r.mover = m
 	}
 	return r
@@ -154,7 +191,7 @@ func (r *Router) route(ctx context.Context, method, node string, ref cni.PodRef,
 		return cni.Endpoint{}, false, fmt.Errorf("node %s no longer exists", node)
 	}
 	from, forwarded := forwardedFrom(ctx)
-	wait := r.coord.cfg.OwnerWait
+	wait := r.ownerWait
 	if forwarded {
 		// The sender keeps waiting and re-routes; we only bridge a short gap
 		// (our claim won, the node still rebuilding).
@@ -164,7 +201,7 @@ func (r *Router) route(ctx context.Context, method, node string, ref cni.PodRef,
 	waited := false
 	var lastErr error
 	for {
-		rt := r.coord.RouteOf(node)
+		rt := r.routes.RouteOf(node)
 		switch {
 		case rt.Local:
 			ep, ok, err := local(ctx)
@@ -186,7 +223,7 @@ func (r *Router) route(ctx context.Context, method, node string, ref cni.PodRef,
 			return gone()
 		}
 		if !time.Now().Before(deadline) || ctx.Err() != nil {
-			r.coord.metrics.ownerWaits.WithLabelValues("timeout").Inc()
+			r.metrics.ownerWaits.WithLabelValues("timeout").Inc()
 			msg := fmt.Sprintf("no replica serves node %s (partition %d) yet; retry", node, rt.Partition)
 			if forwarded {
 				msg = fmt.Sprintf("forwarded by %s, but this replica does not serve node %s", from, node)
@@ -206,7 +243,7 @@ func (r *Router) route(ctx context.Context, method, node string, ref cni.PodRef,
 
 func (r *Router) waited(waited bool, err error) {
 	if waited && err == nil {
-		r.coord.metrics.ownerWaits.WithLabelValues("served").Inc()
+		r.metrics.ownerWaits.WithLabelValues("served").Inc()
 	}
 }
 
@@ -219,15 +256,15 @@ func (r *Router) forward(ctx context.Context, method string, rt Route, ref cni.P
 		return cni.Endpoint{}, false, fmt.Errorf("%w: %v", ErrNotOwner, err)
 	}
 	req := &rpc.AllocateIPRequest{K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID}
-	ctx = metadata.AppendToOutgoingContext(ctx, headerForward, r.auth.Sign(method, req, r.coord.self))
+	ctx = metadata.AppendToOutgoingContext(ctx, headerForward, r.auth.Sign(method, req, r.self))
 	ep, ok, err := remote(ctx, rpc.NewCNIBackendClient(conn))
 	switch {
 	case err == nil:
-		r.coord.metrics.forwarded.WithLabelValues("ok").Inc()
+		r.metrics.forwarded.WithLabelValues("ok").Inc()
 	case retryable(err):
-		r.coord.metrics.forwarded.WithLabelValues("not_owner").Inc()
+		r.metrics.forwarded.WithLabelValues("not_owner").Inc()
 	default:
-		r.coord.metrics.forwarded.WithLabelValues("error").Inc()
+		r.metrics.forwarded.WithLabelValues("error").Inc()
 	}
 	return ep, ok, err
 }

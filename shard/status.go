@@ -62,62 +62,36 @@ type NodeStatus struct {
 func (c *Coordinator) Status(leader func() (string, bool)) Status {
 	now := c.clock.Now()
 	nodes := c.servedNodes()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	st := Status{Self: c.self, LeaseValid: now.Before(c.leaseValidUntil), Partitions: c.cfg.Ring.Partitions, Ready: "ok"}
-	if c.readyReason != "" {
-		st.Ready = c.readyReason
+	s := c.fence.load()
+	st := Status{Self: c.self, LeaseValid: now.Before(s.leaseValidUntil), Partitions: c.cfg.Ring.Partitions, Ready: "ok"}
+	if s.readyReason != "" {
+		st.Ready = s.readyReason
 	}
 	if leader != nil {
 		st.Leader, st.IsLeader = leader()
 	}
 	st.FencingPolicy = "ok"
-	switch {
-	case c.cfg.FencingPolicy == "":
+	if c.cfg.FencingPolicy == "" {
 		st.FencingPolicy = "not checked (--shard-fencing-policy=\"\")"
-	case !c.policyChecked:
-		st.FencingPolicy = "not checked yet"
-	case c.policyDetail != "":
-		st.FencingPolicy = c.policyDetail
+	} else if detail := c.policy.describe(); detail != "" {
+		st.FencingPolicy = detail
 	}
+	members := c.memberStatus(s)
 	holders := make([]string, c.cfg.Ring.Partitions)
-	for p, cl := range c.claims {
-		holders[p] = cl.Holder
-	}
-	members := map[string]*MemberStatus{}
-	get := func(name string) *MemberStatus {
-		m, ok := members[name]
-		if !ok {
-			m = &MemberStatus{Name: name}
-			members[name] = m
-		}
-		return m
-	}
-	self := get(c.self)
-	self.GRPC, self.HTTP, self.Leaving = c.addrs.GRPC, c.addrs.HTTP, c.leaving
-	for name, o := range c.seen {
-		m := get(name)
-		m.GRPC, m.HTTP, m.Leaving = o.grpc, o.http, o.leaving
-	}
-	for _, name := range c.live {
-		get(name).Live = true
-	}
-	if c.ring != nil {
-		for _, owner := range c.tableLocked().Owners {
-			get(owner).RingPartitions++
-		}
-	}
-	for p, h := range holders {
-		if h == "" || (h != c.self && c.expiredLocked(h, now)) {
+	for p, cl := range s.claims {
+		if cl.Holder == "" || s.expired(c.self, cl.Holder, now, c.cfg.LeaseDuration) {
 			st.Unowned++
-			holders[p] = ""
 			continue
 		}
-		get(h).HeldPartitions++
+		holders[p] = cl.Holder
+		members.get(cl.Holder).HeldPartitions++
+	}
+	if s.claims == nil {
+		st.Unowned = c.cfg.Ring.Partitions
 	}
 	for _, n := range nodes {
 		if h := holders[PartitionOf(c.cfg.Ring.Partitions, n)]; h != "" {
-			get(h).Nodes++
+			members.get(h).Nodes++
 		} else {
 			st.UnownedNodes++
 		}
@@ -126,21 +100,48 @@ func (c *Coordinator) Status(leader func() (string, bool)) Status {
 		st.Members = append(st.Members, *m)
 	}
 	sort.Slice(st.Members, func(i, j int) bool { return st.Members[i].Name < st.Members[j].Name })
-	c.budget.mu.Lock()
-	st.Budget = c.budget.share
-	c.budget.mu.Unlock()
+	st.Budget = c.budget.current()
 	return st
+}
+
+// members collects MemberStatus by name.
+type members map[string]*MemberStatus
+
+func (ms members) get(name string) *MemberStatus {
+	m, ok := ms[name]
+	if !ok {
+		m = &MemberStatus{Name: name}
+		ms[name] = m
+	}
+	return m
+}
+
+// memberStatus lists this replica, the replicas it has seen and the ring
+// members, with their addresses and the partitions the ring gives them.
+func (c *Coordinator) memberStatus(s *snapshot) members {
+	ms := members{}
+	self := ms.get(c.self)
+	self.GRPC, self.HTTP, self.Leaving = c.addrs.GRPC, c.addrs.HTTP, s.leaving
+	for name, o := range s.peers {
+		m := ms.get(name)
+		m.GRPC, m.HTTP, m.Leaving = o.grpc, o.http, o.leaving
+	}
+	for _, name := range s.live {
+		ms.get(name).Live = true
+	}
+	for _, owner := range s.owners {
+		ms.get(owner).RingPartitions++
+	}
+	return ms
 }
 
 // nodeStatus is this replica's answer about one node.
 func (c *Coordinator) nodeStatus(node string) NodeStatus {
-	rt := c.RouteOf(node)
+	rt := c.fence.RouteOf(node)
 	ns := NodeStatus{Node: node, Partition: rt.Partition, AnsweredBy: c.self, Served: rt.Local}
-	c.mu.Lock()
-	if c.ring != nil {
-		ns.RingOwner = c.tableLocked().Owners[rt.Partition]
+	if s := c.fence.load(); s.owners != nil {
+		ns.RingOwner = s.owners[rt.Partition]
 	}
-	c.mu.Unlock()
 	switch {
 	case rt.Local:
 		ns.Holder = c.self
@@ -190,12 +191,10 @@ func (c *Coordinator) StatusHandler(leader func() (string, bool), pool func(node
 }
 
 func (c *Coordinator) httpAddrOf(member string) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if member == c.self {
 		return c.addrs.HTTP
 	}
-	return c.seen[member].http
+	return c.fence.load().peers[member].http
 }
 
 func fetchNode(ctx context.Context, addr, node string) (NodeStatus, error) {

@@ -247,7 +247,14 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 	} else {
 		log.Warn("no forward key (--shard-forward-key-file or --memberlist-gossip-key-file): calls forwarded between replicas are NOT authenticated")
 	}
-	router := shard.NewRouter(coord, core, core, shard.NewAuthenticator(key), log.With("component", "router"))
+	router := shard.NewRouter(shard.RouterDeps{
+		Self:      self,
+		Routes:    coord.Fence(),
+		Local:     core,
+		Locator:   core,
+		Auth:      shard.NewAuthenticator(key),
+		OwnerWait: o.shard.OwnerWait,
+	}, log.With("component", "router"), reg)
 	core.SetFixedIPMover(router)
 	defer router.Close()
 

@@ -1,0 +1,206 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// Node serving: the nodes of Serving partitions are started (rebuilt in
+// batches by the NodeServer) and the others stopped; a draining partition
+// is released once its nodes have all stopped.
+
+type nodeState uint8
+
+const (
+	nodeAbsent nodeState = iota
+	nodeStarting
+	nodeUp
+	nodeStopping
+)
+
+// servedNodes lists the nodes this controller serves: BCC nodes (a cce://
+// provider ID) not being deleted.
+func (c *Coordinator) servedNodes() []string {
+	all, _ := c.nodeLister.List(labels.Everything())
+	names := make([]string, 0, len(all))
+	for _, n := range all {
+		if n.DeletionTimestamp == nil && strings.HasPrefix(n.Spec.ProviderID, "cce://") {
+			names = append(names, n.Name)
+		}
+	}
+	return names
+}
+
+// reconcileNodes starts and stops nodes so that exactly the BCC nodes of
+// Serving partitions are served, and completes the drain of partitions
+// whose nodes have all stopped.
+func (c *Coordinator) reconcileNodes(ctx context.Context, now time.Time, claims []Claim, served []string) {
+	exists := make(map[string]bool, len(served))
+	var start []string
+	for _, name := range served {
+		exists[name] = true
+		p := PartitionOf(c.cfg.Ring.Partitions, name)
+		if c.own.State(p) == Serving && c.nodeState[name] == nodeAbsent && !now.Before(c.retryAt[name]) {
+			start = append(start, name)
+		}
+	}
+	busy := c.stopNodes(exists)
+	for p := range c.cfg.Ring.Partitions {
+		if c.own.State(p) == Draining && !busy[p] {
+			acts, err := c.own.Stopped(p, claims[p].Version)
+			if err != nil {
+				c.log.Error("stopped", "partition", p, "err", err)
+				continue
+			}
+			c.publish() // Unowned before the release
+			for _, a := range acts {
+				c.startAction(ctx, a, claims[p])
+			}
+		}
+	}
+	c.releaseOrphans(ctx, now, claims, busy)
+	c.startNodes(ctx, now, start)
+	c.updateReady(now, exists)
+}
+
+// stopNodes stops the nodes that are up but no longer to be served, and
+// returns the partitions with nodes not yet stopped.
+func (c *Coordinator) stopNodes(exists map[string]bool) (busy map[int]bool) {
+	busy = map[int]bool{}
+	for name, st := range c.nodeState {
+		p := PartitionOf(c.cfg.Ring.Partitions, name)
+		if st != nodeAbsent {
+			busy[p] = true
+		}
+		if st == nodeUp && (c.own.State(p) != Serving || !exists[name]) {
+			c.nodeState[name] = nodeStopping
+			go func() {
+				c.nodes.StopServingNode(name)
+				c.results <- func() { c.nodeState[name] = nodeAbsent }
+			}()
+		}
+		if st == nodeAbsent {
+			delete(c.nodeState, name)
+		}
+	}
+	return busy
+}
+
+// startNodes serves a batch of nodes. Claims won together are served
+// together: one ENI list and one wep read for all (the cloud allows
+// ListENIs about once a second for the whole cluster). Nodes whose claims
+// land after a batch started wait for it to finish and then pay for both
+// reads again, so a batch waits for the claims in flight, up to claimSettle
+// (DESIGN.md, "Serving in batches").
+func (c *Coordinator) startNodes(ctx context.Context, now time.Time, start []string) {
+	settling := c.claimsInFlight > 0 && now.Sub(c.claimsSince) < claimSettle
+	if len(start) == 0 || c.starting || settling {
+		return
+	}
+	sort.Strings(start)
+	c.starting = true
+	for _, n := range start {
+		c.nodeState[n] = nodeStarting
+	}
+	go c.serve(ctx, start)
+}
+
+// claimSettle bounds how long nodes already won wait for the claims still
+// in flight before they are served: about the time a cold start's claims
+// take at the default API rate.
+const claimSettle = 4 * time.Second
+
+// serve rebuilds a batch of nodes in one ServeNodes (one VPC-wide ENI list).
+func (c *Coordinator) serve(ctx context.Context, names []string) {
+	start := c.clock.Now()
+	errs := c.nodes.ServeNodes(ctx, names)
+	took := c.clock.Since(start)
+	c.results <- func() { c.served(names, errs, took) }
+}
+
+// served applies a batch's outcome: failed nodes back off, the others are up.
+func (c *Coordinator) served(names []string, errs map[string]error, took time.Duration) {
+	c.starting = false
+	now := c.clock.Now()
+	for _, n := range names {
+		if err, failed := errs[n]; failed {
+			c.nodeState[n] = nodeAbsent
+			delay := serveBackoff(c.retryDelay[n])
+			c.retryDelay[n] = delay
+			wait := serveJitter(delay)
+			c.retryAt[n] = now.Add(wait)
+			c.log.Warn("serving node failed; backing off", "node", n, "retry_in", wait.Round(time.Millisecond),
+				"backoff", delay, "err", err)
+			continue
+		}
+		c.nodeState[n] = nodeUp
+		delete(c.retryAt, n)
+		delete(c.retryDelay, n)
+	}
+	// Hand-over duration: from when the ring gave us a partition until
+	// its nodes are served.
+	for p, since := range c.wantedSince {
+		if c.own.State(p) == Serving {
+			c.metrics.handoverDuration.Observe(now.Sub(since).Seconds())
+			delete(c.wantedSince, p)
+		}
+	}
+	c.log.Info("served nodes", "count", len(names)-len(errs), "failed", len(errs), "duration", took)
+}
+
+// A node that cannot be served is retried after serveRetryMin, doubling on
+// each failure up to serveRetryMax; a success resets it. A node that never
+// rebuilds (a bad providerID, a cloud reply it cannot use) must not cost an
+// urgent VPC-wide ENI list every second: that starves the periodic ENI sync
+// and spends the cluster's ListENIs budget.
+const (
+	serveRetryMin = time.Second
+	serveRetryMax = 2 * time.Minute
+)
+
+// serveBackoff returns the backoff after one more failure.
+func serveBackoff(prev time.Duration) time.Duration {
+	return min(max(2*prev, serveRetryMin), serveRetryMax)
+}
+
+// serveJitter spreads d over [0.8d, 1.2d), so that nodes failing together
+// (one batch) do not retry in lockstep for ever.
+func serveJitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+// updateReady: ready once the lease is held, a step has run, and every
+// node of our Serving partitions is up.
+func (c *Coordinator) updateReady(now time.Time, exists map[string]bool) {
+	switch {
+	case !now.Before(c.leaseValidUntil):
+		c.readyReason = "replica lease not held"
+	case c.holdReason != "":
+		c.readyReason = c.holdReason
+	case c.starting:
+		c.readyReason = "building the state of owned nodes"
+	default:
+		// A claim in flight is a partition the replica is about to serve:
+		// ready now would let a rolling update stop the next replica
+		// before this one has taken its share.
+		c.readyReason = ""
+		for p := range c.cfg.Ring.Partitions {
+			if c.own.State(p) == Claiming {
+				c.readyReason = fmt.Sprintf("claiming partition %d", p)
+				return
+			}
+		}
+		for name := range exists {
+			if c.own.State(PartitionOf(c.cfg.Ring.Partitions, name)) == Serving && c.nodeState[name] != nodeUp {
+				c.readyReason = "node " + name + " not served yet"
+				break
+			}
+		}
+	}
+}

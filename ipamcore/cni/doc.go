@@ -9,7 +9,7 @@
 // the datastore, the WorkloadEndpoint commit, forwarding to a node's owner —
 // lives behind Backend.
 //
-//	srv := cni.NewServer(cni.Config{}, backend, logger, prometheus.NewRegistry())
+//	srv := cni.NewServer(cni.DefaultConfig(), backend, logger, prometheus.NewRegistry())
 //	rpc.RegisterCNIBackendServer(grpcServer, srv)
 //
 // Failures travel as IsSuccess=false with ErrMsg, never as gRPC status errors:

@@ -27,7 +27,7 @@ func FuzzAllocateIPRequest(f *testing.F) {
 			return // gRPC would reject it before our code runs
 		}
 		b := &recordingBackend{}
-		srv := NewServer(Config{}, b, nil, nil)
+		srv := NewServer(DefaultConfig(), b, nil, nil)
 		reply, err := srv.AllocateIP(context.Background(), &req)
 		if err != nil {
 			t.Fatalf("gRPC error %v: failures must be IsSuccess=false", err)

@@ -66,7 +66,7 @@ func callEach(t *testing.T, c rpc.CNIBackendClient) map[string]failedCall {
 
 func TestServer_Refusal_NotHereTravelsInTrailer(t *testing.T) {
 	notServed := podip.NotHere("node not served by this replica")
-	c := serve(t, Config{}, refusingBackend{err: fmt.Errorf("%w: node-1", notServed)}, nil)
+	c := serve(t, DefaultConfig(), refusingBackend{err: fmt.Errorf("%w: node-1", notServed)}, nil)
 	for method, got := range callEach(t, c) {
 		if got.success {
 			t.Fatalf("%s: IsSuccess=true for a refused call", method)
@@ -91,7 +91,7 @@ func TestServer_Refusal_NotHereTravelsInTrailer(t *testing.T) {
 }
 
 func TestServer_Refusal_OtherFailuresCarryNoKind(t *testing.T) {
-	c := serve(t, Config{}, refusingBackend{err: errors.New("no idle IP on the node")}, nil)
+	c := serve(t, DefaultConfig(), refusingBackend{err: errors.New("no idle IP on the node")}, nil)
 	for method, got := range callEach(t, c) {
 		if got.success || got.errMsg == "" {
 			t.Fatalf("%s: reply success=%v msg=%q, want a failure", method, got.success, got.errMsg)
@@ -108,7 +108,7 @@ func TestServer_Refusal_OtherFailuresCarryNoKind(t *testing.T) {
 // A request refused before the backend (invalid, busy) is not a refusal of
 // the node: routing it elsewhere cannot help.
 func TestServer_Refusal_InvalidRequestCarriesNoKind(t *testing.T) {
-	c := serve(t, Config{}, refusingBackend{err: podip.NotHere("never reached")}, nil)
+	c := serve(t, DefaultConfig(), refusingBackend{err: podip.NotHere("never reached")}, nil)
 	var md metadata.MD
 	reply, err := c.AllocateIP(context.Background(), allocReq("Bad_NS", "web-0", "abc"), grpc.Trailer(&md))
 	if err != nil {

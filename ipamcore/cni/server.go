@@ -2,7 +2,6 @@ package cni
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -14,7 +13,8 @@ import (
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
-// Config holds the service's limits.
+// Config holds the service's limits. The defaults are the flags'
+// (RegisterFlags, DefaultConfig).
 type Config struct {
 	// AllocateConcurrency bounds allocations in flight. Defaults to 20.
 	AllocateConcurrency int
@@ -26,31 +26,30 @@ type Config struct {
 	RequestTimeout time.Duration
 }
 
-// RegisterFlags binds the config to command-line flags.
+// RegisterFlags binds the config to command-line flags and sets the defaults.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
-	fs.IntVar(&c.AllocateConcurrency, "allocate-ip-concurrency-limit", 20, "maximum AllocateIP calls in flight; more are answered at once with a retryable \"busy\" error")
-	fs.IntVar(&c.ReleaseConcurrency, "release-ip-concurrency-limit", 30, "maximum ReleaseIP calls in flight; more are answered at once with a retryable \"busy\" error")
+	fs.IntVar(&c.AllocateConcurrency, "allocate-ip-concurrency-limit", 20,
+		"maximum AllocateIP calls in flight; more are answered at once with a retryable \"busy\" error")
+	fs.IntVar(&c.ReleaseConcurrency, "release-ip-concurrency-limit", 30,
+		"maximum ReleaseIP calls in flight; more are answered at once with a retryable \"busy\" error")
 	fs.DurationVar(&c.RequestTimeout, "cni-request-timeout", 30*time.Second, "hard deadline of one CNI call")
 }
 
-// Validate reports a config that cannot work.
-func (c *Config) Validate() error {
-	if c.AllocateConcurrency < 0 || c.ReleaseConcurrency < 0 || c.RequestTimeout < 0 {
-		return errors.New("cni: concurrency limits and request timeout must not be negative")
-	}
-	return nil
+// DefaultConfig is the config of a command line without flags.
+func DefaultConfig() Config {
+	var c Config
+	c.RegisterFlags(pflag.NewFlagSet("cni", pflag.ContinueOnError))
+	return c
 }
 
-func (c *Config) defaults() {
-	if c.AllocateConcurrency == 0 {
-		c.AllocateConcurrency = 20
+// Validate reports a config that cannot work: a limit of zero would answer
+// every call "busy", a zero timeout would cancel every call at once.
+func (c Config) Validate() error {
+	if c.AllocateConcurrency <= 0 || c.ReleaseConcurrency <= 0 || c.RequestTimeout <= 0 {
+		return fmt.Errorf("cni: concurrency limits (%d, %d) and request timeout (%s) must be positive",
+			c.AllocateConcurrency, c.ReleaseConcurrency, c.RequestTimeout)
 	}
-	if c.ReleaseConcurrency == 0 {
-		c.ReleaseConcurrency = 30
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = 30 * time.Second
-	}
+	return nil
 }
 
 // BusyMessage starts the ErrMsg of a call refused because too many are in
@@ -69,9 +68,13 @@ type Server struct {
 	release  chan struct{} // semaphore of in-flight releases and checks
 }
 
-// NewServer builds the service. A nil registerer disables metrics.
+// NewServer builds the service. A nil registerer disables metrics. The
+// config must pass Validate (start from DefaultConfig); NewServer panics on
+// one that does not, as a server that refused every call would.
 func NewServer(cfg Config, backend podip.Backend, log *slog.Logger, reg prometheus.Registerer) *Server {
-	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		panic(fmt.Sprintf("cni.NewServer: %v", err))
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}

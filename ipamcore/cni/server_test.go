@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -87,7 +88,7 @@ func allocReq(ns, name, id string) *rpc.AllocateIPRequest {
 
 func TestServer_AllocateIP_Success(t *testing.T) {
 	b := &recordingBackend{}
-	c := serve(t, Config{}, b, nil)
+	c := serve(t, DefaultConfig(), b, nil)
 	req := allocReq("default", "web-0", "abc123")
 	req.K8SNodeName = "node-1"
 	reply, err := c.AllocateIP(context.Background(), req)
@@ -123,7 +124,7 @@ func TestServer_AllocateIP_InvalidRequests(t *testing.T) {
 	}
 	b := &recordingBackend{}
 	reg := prometheus.NewRegistry()
-	c := serve(t, Config{}, b, reg)
+	c := serve(t, DefaultConfig(), b, reg)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			reply, err := c.AllocateIP(context.Background(), tc.req)
@@ -147,7 +148,7 @@ func TestServer_AllocateIP_InvalidRequests(t *testing.T) {
 // An IP type the reference does not know is served as BCC, as it does.
 func TestServer_AllocateIP_UnknownIPTypeIsBCC(t *testing.T) {
 	b := &recordingBackend{}
-	c := serve(t, Config{}, b, nil)
+	c := serve(t, DefaultConfig(), b, nil)
 	req := allocReq("default", "p", "id")
 	req.IPType = rpc.IPType(99)
 	reply, err := c.AllocateIP(context.Background(), req)
@@ -165,7 +166,9 @@ func TestServer_AllocateIP_BusyAnswersAtOnce(t *testing.T) {
 		return podip.Endpoint{IP: "10.0.0.1"}, nil
 	}}
 	reg := prometheus.NewRegistry()
-	c := serve(t, Config{AllocateConcurrency: 1, ReleaseConcurrency: 1}, b, reg)
+	cfg := DefaultConfig()
+	cfg.AllocateConcurrency, cfg.ReleaseConcurrency = 1, 1
+	c := serve(t, cfg, b, reg)
 
 	first := make(chan *rpc.AllocateIPReply, 1)
 	go func() {
@@ -196,7 +199,9 @@ func TestServer_AllocateIP_Deadline(t *testing.T) {
 		<-ctx.Done()
 		return podip.Endpoint{}, ctx.Err()
 	}}
-	c := serve(t, Config{RequestTimeout: 20 * time.Millisecond}, b, nil)
+	cfg := DefaultConfig()
+	cfg.RequestTimeout = 20 * time.Millisecond
+	c := serve(t, cfg, b, nil)
 	reply, err := c.AllocateIP(context.Background(), allocReq("default", "slow", "1"))
 	if err != nil || reply.IsSuccess || !strings.Contains(reply.ErrMsg, context.DeadlineExceeded.Error()) {
 		t.Fatalf("reply = %v, err %v; want a deadline failure", reply, err)
@@ -207,7 +212,7 @@ func TestServer_AllocateIP_BackendErrorNamesPod(t *testing.T) {
 	b := &recordingBackend{allocate: func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, error) {
 		return podip.Endpoint{}, errors.New("subnet sbn-1 has no more IP")
 	}}
-	c := serve(t, Config{}, b, nil)
+	c := serve(t, DefaultConfig(), b, nil)
 	reply, _ := c.AllocateIP(context.Background(), allocReq("team", "api-7", "0123456789abcdef"))
 	if reply.IsSuccess || !strings.Contains(reply.ErrMsg, "team/api-7") || !strings.Contains(reply.ErrMsg, "no more IP") {
 		t.Fatalf("ErrMsg = %q, want the pod and the cause", reply.ErrMsg)
@@ -221,7 +226,7 @@ func TestServer_ReleaseIP(t *testing.T) {
 		}
 		return podip.Endpoint{}, false, nil
 	}}
-	c := serve(t, Config{}, b, nil)
+	c := serve(t, DefaultConfig(), b, nil)
 	held, err := c.ReleaseIP(context.Background(), &rpc.ReleaseIPRequest{K8SPodNamespace: "default", K8SPodName: "held", K8SPodInfraContainerID: "1"})
 	if err != nil || !held.IsSuccess || held.GetENIMultiIP().GetIP() != "10.0.0.7" {
 		t.Fatalf("release of a held IP = %v, err %v", held, err)
@@ -233,7 +238,7 @@ func TestServer_ReleaseIP(t *testing.T) {
 }
 
 func TestServer_CheckIP_IsTruthful(t *testing.T) {
-	c := serve(t, Config{}, &recordingBackend{}, nil)
+	c := serve(t, DefaultConfig(), &recordingBackend{}, nil)
 	known, _ := c.CheckIP(context.Background(), &rpc.CheckIPRequest{K8SPodNamespace: "default", K8SPodName: "known", K8SPodInfraContainerID: "1"})
 	if !known.IsSuccess || known.GetENIMultiIP().GetIP() != "10.0.0.9" {
 		t.Fatalf("check of a pod with an IP = %v", known)
@@ -245,12 +250,42 @@ func TestServer_CheckIP_IsTruthful(t *testing.T) {
 }
 
 func TestConfig_Validate(t *testing.T) {
-	if err := (&Config{AllocateConcurrency: -1}).Validate(); err == nil {
-		t.Fatal("negative concurrency accepted")
+	for name, change := range map[string]func(*Config){
+		"negative concurrency": func(c *Config) { c.AllocateConcurrency = -1 },
+		"zero allocations":     func(c *Config) { c.AllocateConcurrency = 0 },
+		"zero releases":        func(c *Config) { c.ReleaseConcurrency = 0 },
+		"zero timeout":         func(c *Config) { c.RequestTimeout = 0 },
+	} {
+		c := DefaultConfig()
+		change(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: %+v accepted", name, c)
+		}
 	}
-	if err := (&Config{}).Validate(); err != nil {
-		t.Fatalf("zero config (defaults) rejected: %v", err)
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatalf("the defaults rejected: %v", err)
 	}
+}
+
+// The flags hold the only defaults, and they are what users' command lines
+// have always had.
+func TestConfig_DefaultsAreTheFlags(t *testing.T) {
+	var flagged Config
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	flagged.RegisterFlags(fs)
+	want := Config{AllocateConcurrency: 20, ReleaseConcurrency: 30, RequestTimeout: 30 * time.Second}
+	if flagged != want || DefaultConfig() != want {
+		t.Fatalf("flag defaults %+v, DefaultConfig %+v, want %+v", flagged, DefaultConfig(), want)
+	}
+}
+
+func TestNewServer_PanicsOnInvalidConfig(t *testing.T) {
+	defer func() {
+		if r := recover(); r == nil {
+			t.Fatal("NewServer accepted a zero config (every call would be answered busy)")
+		}
+	}()
+	NewServer(Config{}, &recordingBackend{}, nil, nil)
 }
 
 func newMetricsForRead(t *testing.T, reg *prometheus.Registry) func(method, result string) float64 {

@@ -165,7 +165,7 @@ func TestStore_AllocateSpecific(t *testing.T) {
 		{"bad owner", "10.0.1.11", Owner{Namespace: "default", Name: "web-0"}, ErrInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := fixture(t, Config{})
+			s := fixture(t, DefaultConfig())
 			must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.10", "10.0.1.11", "10.0.1.12", "10.0.1.13"), t0))
 			_, err := s.AllocateSpecific("node-a", ip("10.0.1.10"), owner("web-1", "c1"))
 			must(t, err)
@@ -215,7 +215,7 @@ func TestStore_Release(t *testing.T) {
 		{"cross-subnet is forgotten", "10.7.0.1", "x1", nil, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := fixture(t, Config{})
+			s := fixture(t, DefaultConfig())
 			must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.10", "10.0.1.11", "10.0.1.12"), t0))
 			_, err := s.Allocate("node-a", Request{Owner: owner("p", "c1")}, t0)
 			must(t, err)
@@ -266,7 +266,7 @@ func TestStore_Release(t *testing.T) {
 }
 
 func TestStore_HoldUnhold(t *testing.T) {
-	s := fixture(t, Config{})
+	s := fixture(t, DefaultConfig())
 	must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.10", "10.0.1.11", "10.0.1.12"), t0))
 	_, err := s.AllocateSpecific("node-a", ip("10.0.1.11"), owner("p", "c"))
 	must(t, err)
@@ -309,7 +309,7 @@ func TestStore_HoldUnhold(t *testing.T) {
 }
 
 func TestStore_Lookup(t *testing.T) {
-	s := fixture(t, Config{})
+	s := fixture(t, DefaultConfig())
 	must(t, s.AddIPs("node-a", "eni-2", ips("10.0.2.10"), t0))
 	got, err := s.Allocate("node-a", Request{Owner: owner("p", "c")}, t0)
 	must(t, err)
@@ -343,7 +343,7 @@ func TestStore_Lookup(t *testing.T) {
 }
 
 func TestStore_Stats(t *testing.T) {
-	s := fixture(t, Config{})
+	s := fixture(t, DefaultConfig())
 	must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.10", "10.0.1.11", "10.0.1.12", "10.0.1.13"), t0))
 	must(t, s.AddIPs("node-a", "eni-2", ips("10.0.2.10"), t0))
 	_, err := s.AllocateSpecific("node-a", ip("10.0.1.10"), owner("a", "c"))

@@ -40,7 +40,7 @@ func benchStore(b *testing.B, cfg Config, enis, perENI, otherNodes int) *Store {
 func BenchmarkStore_AllocateRelease(b *testing.B) {
 	for _, size := range []struct{ enis, perENI int }{{2, 15}, {8, 39}} {
 		b.Run(fmt.Sprintf("%dx%d", size.enis, size.perENI), func(b *testing.B) {
-			s := benchStore(b, Config{}, size.enis, size.perENI, 99)
+			s := benchStore(b, DefaultConfig(), size.enis, size.perENI, 99)
 			for i := range 10 {
 				_, err := s.Allocate("node-0", Request{Owner: owner(fmt.Sprintf("run-%d", i), "c")}, t0)
 				must(b, err)
@@ -66,7 +66,7 @@ func BenchmarkStore_AllocateRelease(b *testing.B) {
 // BenchmarkStore_AllocateRelease_Parallel: ADD+DEL pairs on many nodes at once,
 // to show nodes do not serialise on one lock.
 func BenchmarkStore_AllocateRelease_Parallel(b *testing.B) {
-	s := benchStore(b, Config{NoCooldown: true}, 2, 15, 63)
+	s := benchStore(b, Config{}, 2, 15, 63)
 	var next atomic.Int64
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -87,7 +87,7 @@ func BenchmarkStore_AllocateRelease_Parallel(b *testing.B) {
 
 // BenchmarkStore_Stats: the per-node read the pool planner makes.
 func BenchmarkStore_Stats(b *testing.B) {
-	s := benchStore(b, Config{}, 2, 15, 0)
+	s := benchStore(b, DefaultConfig(), 2, 15, 0)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := s.Stats("node-0", t0); err != nil {

@@ -201,7 +201,7 @@ func TestStore_Concurrent(t *testing.T) {
 // TestStore_Verify_Concurrent: Verify sees a consistent state (no false
 // alarms) while nodes change under it.
 func TestStore_Verify_Concurrent(t *testing.T) {
-	s, err := New(Config{NoCooldown: true})
+	s, err := New(Config{})
 	must(t, err)
 	var wg sync.WaitGroup
 	stop := make(chan struct{})

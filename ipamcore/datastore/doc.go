@@ -4,7 +4,7 @@
 // in as now, results go out as values and sentinel errors, and the caller
 // does all cloud and API-server I/O (plan, then act).
 //
-//	s, _ := datastore.New(datastore.Config{})         // 5s cooldown
+//	s, _ := datastore.New(datastore.DefaultConfig())  // 5s cooldown
 //	rep, _ := s.Restore(node, in, now)                 // takeover: cloud ENIs + weps
 //	for _, c := range rep.Conflicts { event(c) }       // reported, never resolved here
 //	ip, err := s.Allocate(node, datastore.Request{Owner: o}, now) // CNI ADD

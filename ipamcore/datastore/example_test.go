@@ -13,7 +13,7 @@ import (
 // guarded against a stale DEL, released, cooling, then reused.
 func Example() {
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-	s, _ := datastore.New(datastore.Config{Cooldown: 5 * time.Second})
+	s, _ := datastore.New(datastore.DefaultConfig())
 	eni := datastore.ENI{ID: "eni-1", SubnetID: "sbn-1", SubnetCIDR: netip.MustParsePrefix("10.0.1.0/24"),
 		PrimaryIP: netip.MustParseAddr("10.0.1.2"), Capacity: 8}
 	rep, _ := s.Restore("node-a", datastore.RestoreInput{

@@ -71,7 +71,7 @@ type harness struct {
 // newHarness picks the cooldown from the source too: none, the default,
 // or a long one, so cooling is exercised at different rates.
 func newHarness(t testing.TB, src source) *harness {
-	cfg := []Config{{}, {NoCooldown: true}, {Cooldown: 20 * time.Second}}[src.intn(3)]
+	cfg := []Config{DefaultConfig(), {}, {Cooldown: 20 * time.Second}}[src.intn(3)]
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -37,7 +37,7 @@ func TestStore_Verify_DetectsCorruption(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := fixture(t, Config{})
+			s := fixture(t, DefaultConfig())
 			must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.10", "10.0.1.11", "10.0.1.12"), t0))
 			if _, err := s.AllocateSpecific("node-a", ip("10.0.1.12"), owner("web", "c1")); err != nil {
 				t.Fatal(err)

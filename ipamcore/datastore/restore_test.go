@@ -129,7 +129,7 @@ func TestStore_Restore(t *testing.T) {
 		{name: "bad ip", in: RestoreInput{ENIs: []RestoreENI{{ENI: e1, IPs: []netip.Addr{{}}}}}, err: ErrInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := fixture(t, Config{})
+			s := fixture(t, DefaultConfig())
 			must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.50"), t0))
 			must(t, s.AddNode("node-b"))
 			must(t, s.AddENI("node-b", eni("eni-b", "sbn-9", "10.0.9.0/24", "10.0.9.2")))
@@ -177,7 +177,7 @@ func TestStore_Restore(t *testing.T) {
 }
 
 func TestStore_Restore_AddsNodeAndKeepsCooling(t *testing.T) {
-	s, err := New(Config{})
+	s, err := New(DefaultConfig())
 	must(t, err)
 	in := RestoreInput{ENIs: renis(re(e1, "10.0.1.10", "10.0.1.11"))}
 	rep, err := s.Restore("node-a", in, t0)
@@ -212,7 +212,7 @@ func TestStore_Restore_AddsNodeAndKeepsCooling(t *testing.T) {
 // A hand-over: the new owner's store never saw the previous owner's
 // releases, so every unclaimed address cools from CoolFrom.
 func TestStore_Restore_CoolFromCoolsEveryNewIdleAddress(t *testing.T) {
-	s, err := New(Config{})
+	s, err := New(DefaultConfig())
 	must(t, err)
 	in := RestoreInput{ENIs: renis(re(e1, "10.0.1.10", "10.0.1.11")), Claims: []Claim{claim("10.0.1.11", "p", "c")},
 		CoolFrom: t0}
@@ -234,7 +234,7 @@ func TestStore_Restore_CoolFromCoolsEveryNewIdleAddress(t *testing.T) {
 // A takeover whose ENI list may lag: unclaimed addresses are held until a
 // read settles them, and each one is settled by what the read shows.
 func TestStore_Restore_UnsettledUntilSettled(t *testing.T) {
-	s, err := New(Config{})
+	s, err := New(DefaultConfig())
 	must(t, err)
 	in := RestoreInput{ENIs: renis(re(e1, "10.0.1.10", "10.0.1.11", "10.0.1.12")),
 		Claims: []Claim{claim("10.0.1.12", "p", "c")}, CoolFrom: t0, Unsettled: true}
@@ -283,7 +283,7 @@ func TestStore_Restore_UnsettledUntilSettled(t *testing.T) {
 }
 
 func TestStore_Surrender(t *testing.T) {
-	s, err := New(Config{NoCooldown: true})
+	s, err := New(Config{})
 	must(t, err)
 	_, err = s.Restore("node-a", RestoreInput{ENIs: renis(re(e1, "10.0.1.10", "10.0.1.11", "10.0.1.12")),
 		Claims: []Claim{claim("10.0.1.10", "p", "c"), claim("10.0.1.11", "q", "c")}}, t0)
@@ -312,7 +312,7 @@ func TestStore_Surrender(t *testing.T) {
 }
 
 func TestStore_Unsettle(t *testing.T) {
-	s, err := New(Config{NoCooldown: true})
+	s, err := New(Config{})
 	must(t, err)
 	_, err = s.Restore("node-a", RestoreInput{ENIs: renis(re(e1, "10.0.1.10", "10.0.1.11"))}, t0)
 	must(t, err)

@@ -38,14 +38,14 @@ func New(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	return &Store{
-		cooldown: cfg.cooldown(),
+		cooldown: cfg.Cooldown,
 		nodes:    make(map[string]*slot),
 		ipOwner:  make(map[netip.Addr]*slot),
 		eniOwner: make(map[string]*slot),
 	}, nil
 }
 
-// Cooldown returns the effective cooling period.
+// Cooldown returns the cooling period.
 func (s *Store) Cooldown() time.Duration { return s.cooldown }
 
 // lock returns the node's slot, locked. The caller must unlock it.

@@ -14,11 +14,10 @@ func TestNew_Config(t *testing.T) {
 		want time.Duration
 		err  error
 	}{
-		{"default", Config{}, DefaultCooldown, nil},
+		{"default", DefaultConfig(), DefaultCooldown, nil},
 		{"custom", Config{Cooldown: 30 * time.Second}, 30 * time.Second, nil},
-		{"none", Config{NoCooldown: true}, 0, nil},
+		{"zero is none", Config{}, 0, nil},
 		{"negative", Config{Cooldown: -time.Second}, 0, ErrInvalidArgument},
-		{"both", Config{Cooldown: time.Second, NoCooldown: true}, 0, ErrInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := New(tc.cfg)
@@ -31,7 +30,7 @@ func TestNew_Config(t *testing.T) {
 }
 
 func TestStore_AddNode_RemoveNode(t *testing.T) {
-	s := fixture(t, Config{})
+	s := fixture(t, DefaultConfig())
 	must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.10", "10.0.1.11"), t0))
 	must(t, s.AddNode("node-b"))
 	must(t, s.AddENI("node-b", eni("eni-3", "sbn-1", "10.0.1.0/24", "10.0.1.3")))
@@ -92,7 +91,7 @@ func TestStore_AddENI(t *testing.T) {
 		{"primary is other node's secondary", "node-b", eni("eni-9", "sbn-1", "", "10.0.1.10"), ErrIPExists},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := fixture(t, Config{})
+			s := fixture(t, DefaultConfig())
 			must(t, s.AddNode("node-b"))
 			must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.10"), t0))
 			before, _ := s.Snapshot("node-a")
@@ -108,7 +107,7 @@ func TestStore_AddENI(t *testing.T) {
 }
 
 func TestStore_RemoveENI(t *testing.T) {
-	s := fixture(t, Config{})
+	s := fixture(t, DefaultConfig())
 	must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.10", "10.0.1.11"), t0))
 	must(t, s.AddIPs("node-a", "eni-2", ips("10.0.2.10"), t0))
 	got, err := s.AllocateSpecific("node-a", ip("10.0.1.11"), owner("p", "c"))
@@ -163,7 +162,7 @@ func TestStore_AddIPs(t *testing.T) {
 		{"cross-subnet must be assigned", "node-a", "eni-1", ips("10.0.9.9"), ErrInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := fixture(t, Config{})
+			s := fixture(t, DefaultConfig())
 			must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.10"), t0))
 			must(t, s.AddNode("node-b"))
 			must(t, s.AddENI("node-b", eni("eni-3", "sbn-1", "10.0.1.0/24", "10.0.1.3")))
@@ -200,7 +199,7 @@ func TestStore_AddAssignedIP(t *testing.T) {
 		{"bad owner", "10.0.1.50", Owner{Name: "x"}, false, ErrInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := fixture(t, Config{})
+			s := fixture(t, DefaultConfig())
 			must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.10"), t0))
 			_, err := s.Allocate("node-a", Request{Owner: owner("p", "c")}, t0)
 			must(t, err)
@@ -223,7 +222,7 @@ func TestStore_AddAssignedIP(t *testing.T) {
 }
 
 func TestStore_RemoveIP(t *testing.T) {
-	s := fixture(t, Config{})
+	s := fixture(t, DefaultConfig())
 	must(t, s.AddIPs("node-a", "eni-1", ips("10.0.1.10", "10.0.1.11", "10.0.1.12"), t0))
 	a, err := s.Allocate("node-a", Request{Owner: owner("p", "c")}, t0)
 	must(t, err)

@@ -233,36 +233,28 @@ type Released struct {
 	Removed bool
 }
 
-// Config configures a Store.
+// Config configures a Store. Start from DefaultConfig.
 type Config struct {
 	// Cooldown is how long a released address stays out of circulation so
-	// the old pod's neighbour entries and conntrack state drain. Defaults to
-	// 5s (the reference's DATASTORE_ADDRESS_COOLING_PERIOD) when zero; set
-	// NoCooldown for none.
-	Cooldown   time.Duration
-	NoCooldown bool
+	// the old pod's neighbour entries and conntrack state drain; zero means
+	// none. DefaultConfig has DefaultCooldown.
+	Cooldown time.Duration
 }
 
-// DefaultCooldown matches the reference's cooling period.
+// DefaultCooldown matches the reference's cooling period
+// (DATASTORE_ADDRESS_COOLING_PERIOD).
 const DefaultCooldown = 5 * time.Second
 
-func (c Config) cooldown() time.Duration {
-	if c.NoCooldown {
-		return 0
-	}
-	if c.Cooldown == 0 {
-		return DefaultCooldown
-	}
-	return c.Cooldown
+// DefaultConfig is the reference's configuration. The store has no flags of
+// its own: the IPAM's --ip-cooling-period feeds Cooldown.
+func DefaultConfig() Config {
+	return Config{Cooldown: DefaultCooldown}
 }
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	if c.Cooldown < 0 {
 		return invalidf("negative cooldown %s", c.Cooldown)
-	}
-	if c.NoCooldown && c.Cooldown != 0 {
-		return invalidf("cooldown %s set together with NoCooldown", c.Cooldown)
 	}
 	return nil
 }

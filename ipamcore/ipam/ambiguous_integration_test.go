@@ -24,8 +24,15 @@ func TestIPAM_AmbiguousTrimNeverHandsOutDeletedIP(t *testing.T) {
 	// A long PoolCheckPeriod: the worker runs on pokes (releases that
 	// overfill the pool, allocations that find it empty), so the trim
 	// happens once per release and nothing else re-trims in between.
-	e := newEnv(t, "am", 1, ipam.Config{IdleMin: 1, IdleMax: 2, BatchAdd: 4, Cooldown: 100 * time.Millisecond,
-		AllocateWait: 10 * time.Second, PoolCheckPeriod: time.Hour, ENISyncPeriod: time.Hour})
+	e := newEnv(t, "am", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 2
+		c.BatchAdd = 4
+		c.Cooldown = 100 * time.Millisecond
+		c.AllocateWait = 10 * time.Second
+		c.PoolCheckPeriod = time.Hour
+		c.ENISyncPeriod = time.Hour
+	}))
 	node, inst := e.nodes[0], e.instance[e.nodes[0]]
 
 	first := e.createPods("a", 8)
@@ -85,8 +92,15 @@ func TestIPAM_AmbiguousTrimNeverHandsOutDeletedIP(t *testing.T) {
 // handled and the client has gone by then): the read that settles the
 // addresses still lists them, so they return to the pool and nothing leaks.
 func TestIPAM_TimedOutTrimSettlesBackIntoPool(t *testing.T) {
-	e := newEnv(t, "at", 1, ipam.Config{IdleMin: 1, IdleMax: 2, BatchAdd: 4, Cooldown: 100 * time.Millisecond,
-		AllocateWait: 10 * time.Second, PoolCheckPeriod: time.Hour, ENISyncPeriod: time.Hour})
+	e := newEnv(t, "at", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 2
+		c.BatchAdd = 4
+		c.Cooldown = 100 * time.Millisecond
+		c.AllocateWait = 10 * time.Second
+		c.PoolCheckPeriod = time.Hour
+		c.ENISyncPeriod = time.Hour
+	}))
 	node, inst := e.nodes[0], e.instance[e.nodes[0]]
 	// A client that gives up on an attempt after 1 s and does not retry.
 	e.stop()

@@ -21,7 +21,12 @@ import (
 // BenchmarkBareWEPCreate, the floor set by the API server (run both in one
 // `go test -bench` invocation).
 func BenchmarkAllocateWarmPool(b *testing.B) {
-	e := newEnv(b, "bench", 1, ipam.Config{IdleMin: 10, IdleMax: 30, Cooldown: time.Millisecond, PoolCheckPeriod: 100 * time.Millisecond})
+	e := newEnv(b, "bench", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 10
+		c.IdleMax = 30
+		c.Cooldown = time.Millisecond
+		c.PoolCheckPeriod = 100 * time.Millisecond
+	}))
 	eventually(b, 20*time.Second, "warm pool", func() bool { return e.stats(e.nodes[0]).Idle >= 10 })
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -50,7 +55,7 @@ func BenchmarkAllocateWarmPool(b *testing.B) {
 // BenchmarkBareWEPCreate is the floor: creating one WorkloadEndpoint on the
 // same API server, nothing else.
 func BenchmarkBareWEPCreate(b *testing.B) {
-	e := newEnv(b, "floor", 1, ipam.Config{})
+	e := newEnv(b, "floor", 1, ipam.DefaultConfig())
 	client := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns)
 	b.ReportAllocs()
 	for k := 0; b.Loop(); k++ {

@@ -27,8 +27,13 @@ import (
 // next owner rebuilds from them): the drain either waited for the delete or
 // cut it off, and bce-sim's world stays as it was at the return.
 func TestIPAM_HandOverWaitsForGCCloudDelete(t *testing.T) {
-	e := newEnv(t, "fgc", 1, ipam.Config{IdleMin: 1, IdleMax: 6, PoolCheckPeriod: 200 * time.Millisecond,
-		GCPeriod: time.Hour, ENISyncPeriod: time.Hour})
+	e := newEnv(t, "fgc", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 6
+		c.PoolCheckPeriod = 200 * time.Millisecond
+		c.GCPeriod = time.Hour
+		c.ENISyncPeriod = time.Hour
+	}))
 	node, inst := e.nodes[0], e.instance[e.nodes[0]]
 	// A fixed-IP pod of a StatefulSet that no longer exists: GC frees its
 	// address in the cloud.
@@ -75,8 +80,14 @@ func TestIPAM_HandOverWaitsForGCCloudDelete(t *testing.T) {
 // delete of the node's leaked (unattached) ENI, held at bce-sim when the node
 // is handed over, must not land after StopServingNode returned.
 func TestIPAM_HandOverWaitsForLeakedENIDelete(t *testing.T) {
-	e := newEnv(t, "feni", 1, ipam.Config{IdleMin: 1, IdleMax: 6, PoolCheckPeriod: 200 * time.Millisecond,
-		GCPeriod: time.Hour, ENISyncPeriod: time.Hour, LeakedENIAge: time.Millisecond})
+	e := newEnv(t, "feni", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 6
+		c.PoolCheckPeriod = 200 * time.Millisecond
+		c.GCPeriod = time.Hour
+		c.ENISyncPeriod = time.Hour
+		c.LeakedENIAge = time.Millisecond
+	}))
 	node, inst := e.nodes[0], e.instance[e.nodes[0]]
 	var subnet, sg string
 	for _, v := range e.sim.Dump().ENIs {
@@ -141,8 +152,13 @@ func (f flipFence) MayAct(string) (time.Time, error) {
 // (the client would retry it SDKRetries = 3 times), and nothing more is
 // sent for the node.
 func TestIPAM_PoolCallNotRetriedAfterFenceEnds(t *testing.T) {
-	e := newEnv(t, "fpool", 1, ipam.Config{IdleMin: 4, IdleMax: 8, PoolCheckPeriod: 200 * time.Millisecond,
-		GCPeriod: time.Hour, ENISyncPeriod: time.Hour})
+	e := newEnv(t, "fpool", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 4
+		c.IdleMax = 8
+		c.PoolCheckPeriod = 200 * time.Millisecond
+		c.GCPeriod = time.Hour
+		c.ENISyncPeriod = time.Hour
+	}))
 	e.stop() // a fresh IPAM with a fence instead
 	// A grow the first IPAM's stop cut off may still reach bce-sim: let it
 	// land before counting.

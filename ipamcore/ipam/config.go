@@ -11,6 +11,8 @@ import (
 )
 
 // Config tunes the IPAM. Every replica of a cluster uses the same values.
+// The defaults are the flags' (RegisterFlags, DefaultConfig); New takes the
+// config as it is and rejects one that Validate rejects.
 type Config struct {
 	// ClusterID names the cluster; ENIs of this cluster are named
 	// "<ClusterID>/...". Required.
@@ -60,61 +62,40 @@ type Config struct {
 }
 
 // RegisterFlags binds the config to command-line flags with the reference's
-// names where it has them.
+// names where it has them, and sets the defaults.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.ClusterID, "cluster-id", "", "CCE cluster ID; ENIs of the cluster are named <cluster-id>/... (required)")
+	fs.StringVar(&c.ClusterID, "cluster-id", "",
+		"CCE cluster ID; ENIs of the cluster are named <cluster-id>/... (required)")
 	fs.StringVar(&c.VPCID, "vpc-id", "", "VPC of the cluster (required)")
 	fs.IntVar(&c.IdleMin, "idle-ip-pool-min-size", 2, "idle IPs kept ready on each node")
 	fs.IntVar(&c.IdleMax, "idle-ip-pool-max-size", 6, "most idle IPs kept on a node; more are returned to the cloud")
 	fs.IntVar(&c.BatchAdd, "batch-add-ip-num", 4, "IPs requested per cloud call when the pool grows (at most 10)")
-	fs.DurationVar(&c.PoolCheckPeriod, "pool-check-period", 30*time.Second, "how often each node's pool is checked against its bounds")
+	fs.DurationVar(&c.PoolCheckPeriod, "pool-check-period", 30*time.Second,
+		"how often each node's pool is checked against its bounds")
 	fs.DurationVar(&c.AllocateWait, "allocate-wait", 10*time.Second, "how long an allocation waits for the pool to refill")
-	fs.DurationVar(&c.Cooldown, "ip-cooling-period", 5*time.Second, "how long a released IP rests before it is handed out again")
-	fs.DurationVar(&c.ReadLag, "cloud-read-lag", 5*time.Second, "how far BCE reads may lag writes: a taken-over node's unclaimed IPs are handed out only after a read this long after the takeover confirms them")
-	fs.DurationVar(&c.ENISyncPeriod, "eni-sync-period", 20*time.Second, "how often the cluster's ENIs are listed to adopt, drop and clean up ENIs and to update IPPool status")
-	fs.DurationVar(&c.LeakedENIAge, "leaked-eni-age", 3*time.Minute, "an unattached ENI of the cluster older than this is deleted by the ENI sync")
-	fs.StringVar(&c.SubnetSelection, "eni-subnet-selection", SubnetMostFreeIP, "subnet of a new ENI among its IPPool's: MostFreeIP or LeastENI")
-	fs.DurationVar(&c.GCPeriod, "gc-period", 120*time.Second, "how often weps of deleted pods, fixed IPs of deleted or scaled-down StatefulSets and leaked IPs are collected")
-	fs.DurationVar(&c.LeakGrace, "leaked-ip-grace", 10*time.Minute, "how long an assigned IP without a WorkloadEndpoint waits before it is reclaimed")
+	fs.DurationVar(&c.Cooldown, "ip-cooling-period", 5*time.Second,
+		"how long a released IP rests before it is handed out again")
+	fs.DurationVar(&c.ReadLag, "cloud-read-lag", 5*time.Second,
+		"how far BCE reads may lag writes: a taken-over node's unclaimed IPs are handed out only after a read "+
+			"this long after the takeover confirms them")
+	fs.DurationVar(&c.ENISyncPeriod, "eni-sync-period", 20*time.Second,
+		"how often the cluster's ENIs are listed to adopt, drop and clean up ENIs and to update IPPool status")
+	fs.DurationVar(&c.LeakedENIAge, "leaked-eni-age", 3*time.Minute,
+		"an unattached ENI of the cluster older than this is deleted by the ENI sync")
+	fs.StringVar(&c.SubnetSelection, "eni-subnet-selection", SubnetMostFreeIP,
+		"subnet of a new ENI among its IPPool's: MostFreeIP or LeastENI")
+	fs.DurationVar(&c.GCPeriod, "gc-period", 120*time.Second,
+		"how often weps of deleted pods, fixed IPs of deleted or scaled-down StatefulSets and leaked IPs are collected")
+	fs.DurationVar(&c.LeakGrace, "leaked-ip-grace", 10*time.Minute,
+		"how long an assigned IP without a WorkloadEndpoint waits before it is reclaimed")
 }
 
-func (c *Config) defaults() {
-	if c.IdleMin == 0 {
-		c.IdleMin = 2
-	}
-	if c.IdleMax == 0 {
-		c.IdleMax = 6
-	}
-	if c.BatchAdd == 0 {
-		c.BatchAdd = 4
-	}
-	if c.PoolCheckPeriod == 0 {
-		c.PoolCheckPeriod = 30 * time.Second
-	}
-	if c.AllocateWait == 0 {
-		c.AllocateWait = 10 * time.Second
-	}
-	if c.Cooldown == 0 {
-		c.Cooldown = 5 * time.Second
-	}
-	if c.ReadLag == 0 {
-		c.ReadLag = 5 * time.Second
-	}
-	if c.ENISyncPeriod == 0 {
-		c.ENISyncPeriod = 20 * time.Second
-	}
-	if c.LeakedENIAge == 0 {
-		c.LeakedENIAge = 3 * time.Minute
-	}
-	if c.SubnetSelection == "" {
-		c.SubnetSelection = SubnetMostFreeIP
-	}
-	if c.GCPeriod == 0 {
-		c.GCPeriod = 120 * time.Second
-	}
-	if c.LeakGrace == 0 {
-		c.LeakGrace = 10 * time.Minute
-	}
+// DefaultConfig is the config of a command line without flags (ClusterID and
+// VPCID, which have no default, are empty), for tests and library users.
+func DefaultConfig() Config {
+	var c Config
+	c.RegisterFlags(pflag.NewFlagSet("ipam", pflag.ContinueOnError))
+	return c
 }
 
 // poolConfig is the warm-pool planner's view of the config.
@@ -124,9 +105,10 @@ func (c Config) poolConfig() pool.Config {
 	return pc
 }
 
-// Validate reports a config that cannot work, after defaults are applied.
+// Validate reports a config that cannot work. Every period must be positive:
+// a zero ticker period panics, and a zero wait, cooling, lag, age or grace
+// would turn a safety margin off without saying so.
 func (c Config) Validate() error {
-	c.defaults()
 	var errs []error
 	if c.ClusterID == "" {
 		errs = append(errs, errors.New("cluster ID is required"))
@@ -140,9 +122,22 @@ func (c Config) Validate() error {
 	if err := c.poolConfig().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.PoolCheckPeriod < 0 || c.AllocateWait < 0 || c.Cooldown < 0 || c.GCPeriod < 0 || c.LeakGrace < 0 || c.ENISyncPeriod < 0 || c.LeakedENIAge < 0 ||
-		c.ReadLag < 0 {
-		errs = append(errs, errors.New("periods must not be negative"))
+	for _, p := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"pool check period", c.PoolCheckPeriod},
+		{"allocate wait", c.AllocateWait},
+		{"cooling period", c.Cooldown},
+		{"cloud read lag", c.ReadLag},
+		{"ENI sync period", c.ENISyncPeriod},
+		{"leaked ENI age", c.LeakedENIAge},
+		{"GC period", c.GCPeriod},
+		{"leaked IP grace", c.LeakGrace},
+	} {
+		if p.d <= 0 {
+			errs = append(errs, fmt.Errorf("%s %s: must be positive", p.name, p.d))
+		}
 	}
 	return errors.Join(errs...)
 }

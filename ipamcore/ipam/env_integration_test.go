@@ -85,6 +85,13 @@ type world struct {
 	secondSubnet   bool // the IPPool lists a second subnet, 10.4.0.0/20
 }
 
+// testConfig is ipam.DefaultConfig with a test's changes.
+func testConfig(change func(c *ipam.Config)) ipam.Config {
+	c := ipam.DefaultConfig()
+	change(&c)
+	return c
+}
+
 func newEnv(t testing.TB, prefix string, nodes int, cfg ipam.Config) *env {
 	return newEnvIn(t, prefix, nodes, cfg, world{annotateMaxIPs: true})
 }
@@ -225,7 +232,7 @@ func (e *env) start() {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	rpc.RegisterCNIBackendServer(gs, cni.NewServer(cni.Config{}, ip, nil, nil))
+	rpc.RegisterCNIBackendServer(gs, cni.NewServer(cni.DefaultConfig(), ip, nil, nil))
 	go func() { _ = gs.Serve(lis) }()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

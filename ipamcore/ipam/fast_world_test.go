@@ -62,23 +62,19 @@ type fastWorld struct {
 	subnet   netip.Prefix
 }
 
-// fastConfig is the IPAM config of the fast tests: a small pool, and periods
-// long enough that only the test's clock steps fire them.
+// fastConfig is the IPAM config of the fast tests: the defaults with a small
+// pool, and periods long enough that only the test's clock steps fire them.
 func fastConfig() ipam.Config {
-	return ipam.Config{
-		IdleMin:         2,
-		IdleMax:         4,
-		BatchAdd:        2,
-		PoolCheckPeriod: time.Hour,
-		AllocateWait:    time.Hour,
-		Cooldown:        5 * time.Second,
-		ReadLag:         5 * time.Second,
-		ENISyncPeriod:   time.Hour,
-		LeakedENIAge:    time.Hour,
-		SubnetSelection: ipam.SubnetMostFreeIP,
-		GCPeriod:        time.Hour,
-		LeakGrace:       10 * time.Minute,
-	}
+	c := ipam.DefaultConfig()
+	c.IdleMin = 2
+	c.IdleMax = 4
+	c.BatchAdd = 2
+	c.PoolCheckPeriod = time.Hour
+	c.AllocateWait = time.Hour
+	c.ENISyncPeriod = time.Hour
+	c.LeakedENIAge = time.Hour
+	c.GCPeriod = time.Hour
+	return c
 }
 
 func newFastWorld(t *testing.T, cfg ipam.Config) *fastWorld {

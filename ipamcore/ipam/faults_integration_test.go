@@ -26,8 +26,13 @@ import (
 func TestIPAM_SubnetExhausted(t *testing.T) {
 	// 10.3.0.0/28: 16 addresses, 4 reserved by the cloud (network, gateway,
 	// broadcast, …) and 2 ENI primaries: about 9–10 for pods.
-	e := newEnvIn(t, "sx", 2, ipam.Config{IdleMin: 1, IdleMax: 4, BatchAdd: 4, AllocateWait: 2 * time.Second,
-		PoolCheckPeriod: 200 * time.Millisecond}, world{subnetCIDR: "10.3.0.0/28", annotateMaxIPs: true})
+	e := newEnvIn(t, "sx", 2, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 4
+		c.BatchAdd = 4
+		c.AllocateWait = 2 * time.Second
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}), world{subnetCIDR: "10.3.0.0/28", annotateMaxIPs: true})
 	pods := e.createPods("p", 8)
 	ok, failed := 0, 0
 	var lastErr error
@@ -72,8 +77,13 @@ func TestIPAM_SubnetExhausted(t *testing.T) {
 // VmMemoryCanNotAttachMoreIp stops the pool (with backoff, not a storm), pods
 // beyond the cap get a clear error, and nothing leaks.
 func TestIPAM_VMMemoryCap(t *testing.T) {
-	e := newEnvIn(t, "vm", 1, ipam.Config{IdleMin: 1, IdleMax: 4, BatchAdd: 4, AllocateWait: 2 * time.Second,
-		PoolCheckPeriod: 200 * time.Millisecond}, world{memoryGB: 4, maxENIs: 1})
+	e := newEnvIn(t, "vm", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 4
+		c.BatchAdd = 4
+		c.AllocateWait = 2 * time.Second
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}), world{memoryGB: 4, maxENIs: 1})
 	capIPs := bcesim.MaxIPsPerENI(4) - 1 // minus the primary
 	pods := e.createPods("p", capIPs+3)
 	ok := 0
@@ -102,7 +112,12 @@ func TestIPAM_VMMemoryCap(t *testing.T) {
 // A throttled cloud (429 RateLimit on adds): allocations still succeed,
 // only slower, and nothing leaks.
 func TestIPAM_RateLimitedCloud(t *testing.T) {
-	e := newEnv(t, "rl", 2, ipam.Config{IdleMin: 1, IdleMax: 6, BatchAdd: 2, PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "rl", 2, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 6
+		c.BatchAdd = 2
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	if err := e.sim.SetRateLimits(map[bcesim.Op]bcesim.RateLimit{bcesim.OpBatchAddPrivateIP: {QPS: 2, Burst: 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -121,8 +136,14 @@ func TestIPAM_RateLimitedCloud(t *testing.T) {
 // subnet and security groups; when its ENI is full (memory cap) a second one
 // is created; every pod gets an IP and nothing leaks.
 func TestIPAM_CreatesENIsWhenNeeded(t *testing.T) {
-	e := newEnvIn(t, "ce", 1, ipam.Config{IdleMin: 2, IdleMax: 6, BatchAdd: 4, AllocateWait: 30 * time.Second,
-		PoolCheckPeriod: 200 * time.Millisecond, SubnetSelection: ipam.SubnetLeastENI},
+	e := newEnvIn(t, "ce", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 2
+		c.IdleMax = 6
+		c.BatchAdd = 4
+		c.AllocateWait = 30 * time.Second
+		c.PoolCheckPeriod = 200 * time.Millisecond
+		c.SubnetSelection = ipam.SubnetLeastENI
+	}),
 		world{memoryGB: 4, annotateMaxIPs: true, noENI: true, ipPool: true, secondSubnet: true})
 	perENI := bcesim.MaxIPsPerENI(4) - 1
 	pods := e.createPods("p", perENI+3)
@@ -181,7 +202,10 @@ func TestIPAM_CreatesENIsWhenNeeded(t *testing.T) {
 // and attach) is deleted by the ENI sync once it is old enough; attached ENIs
 // and other clusters' ENIs are left alone.
 func TestIPAM_SyncDeletesLeakedENIs(t *testing.T) {
-	e := newEnv(t, "le", 1, ipam.Config{LeakedENIAge: time.Second, PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "le", 1, testConfig(func(c *ipam.Config) {
+		c.LeakedENIAge = time.Second
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	inst, node := e.instance[e.nodes[0]], e.nodes[0]
 	sg := "g-le"
 	leaked, err := e.cloud.CreateENI(e.ctx, cloud.CreateENIRequest{Name: testCluster + "/" + inst + "/" + node + "/abcdef", SubnetID: "sbn-le", SecurityGroupIDs: []string{sg}})
@@ -223,7 +247,10 @@ func TestIPAM_SyncDeletesLeakedENIs(t *testing.T) {
 // An ENI that vanishes from the cloud's list is dropped only when two syncs
 // in a row miss it: one list may predate an ENI created meanwhile.
 func TestIPAM_SyncDropsVanishedENIAfterTwoMisses(t *testing.T) {
-	e := newEnv(t, "vn", 1, ipam.Config{IdleMin: 1, PoolCheckPeriod: time.Hour})
+	e := newEnv(t, "vn", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.PoolCheckPeriod = time.Hour
+	}))
 	node := e.nodes[0]
 	enis := e.stats(node).ENIs
 	if len(enis) != 1 {
@@ -287,7 +314,10 @@ func (r *listRecorder) last() []string {
 // VPC-wide lists (takeover and sync), so its memory follows its share; the
 // other nodes' ENIs are not adopted, and the served node's new ENI is.
 func TestIPAM_ListsKeepOnlyServedNodesENIs(t *testing.T) {
-	e := newEnv(t, "sh", 3, ipam.Config{IdleMin: 1, PoolCheckPeriod: time.Hour})
+	e := newEnv(t, "sh", 3, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.PoolCheckPeriod = time.Hour
+	}))
 	e.stop() // the env's IPAM serves every node; this test runs its own
 	rec := &listRecorder{Provider: e.cloud}
 	ip, ctx := runOwnIPAM(t, e, rec)
@@ -362,7 +392,11 @@ func (h *takeoverHolder) ListENIs(ctx context.Context, opts cloud.ListENIsOption
 // periodic sync makes no list; then it resumes. (That it also makes none
 // while the list is in flight is cloud's TestNoWait_YieldsToAnUrgentCallOfTheOperation.)
 func TestIPAM_PeriodicSyncYieldsToATakeover(t *testing.T) {
-	e := newEnv(t, "sy", 2, ipam.Config{IdleMin: 1, PoolCheckPeriod: time.Hour, ENISyncPeriod: 100 * time.Millisecond})
+	e := newEnv(t, "sy", 2, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.PoolCheckPeriod = time.Hour
+		c.ENISyncPeriod = 100 * time.Millisecond
+	}))
 	e.stop() // the env's IPAM serves every node; this test runs its own
 	first, second := e.nodes[0], e.nodes[1]
 	h := &takeoverHolder{Provider: e.cloud, hold: e.instance[second], held: make(chan struct{}), release: make(chan struct{})}

@@ -50,7 +50,11 @@ func (f *tokenFence) set(holder string, epoch int64) {
 // the API server and the wep stays; under the current claim the release
 // deletes it.
 func TestIPAM_WEPWritesFencedByTheAPIServer(t *testing.T) {
-	e := newEnv(t, "fencewep", 1, ipam.Config{IdleMin: 2, IdleMax: 6, PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "fencewep", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 2
+		c.IdleMax = 6
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	e.stop() // the env's own IPAM runs as admin, without a fence
 	node := e.nodes[0]
 	p := shard.PartitionOf(271, node)

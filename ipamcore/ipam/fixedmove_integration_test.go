@@ -29,7 +29,7 @@ func serveCNI(t *testing.T, ip *ipam.IPAM) rpc.CNIBackendClient {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	rpc.RegisterCNIBackendServer(gs, cni.NewServer(cni.Config{}, ip, nil, nil))
+	rpc.RegisterCNIBackendServer(gs, cni.NewServer(cni.DefaultConfig(), ip, nil, nil))
 	go func() { _ = gs.Serve(lis) }()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -63,8 +63,12 @@ func (e *env) releaseVia(c rpc.CNIBackendClient, p podRef) (*rpc.ReleaseIPReply,
 // recorded, hand it back to the pod when it returns (an address on another
 // node's ENI), and later to a stranger.
 func TestIPAM_FixedIPMovesAcrossReplicas(t *testing.T) {
-	e := newEnv(t, "fxmove", 2, ipam.Config{IdleMin: 1, IdleMax: 6, PoolCheckPeriod: 200 * time.Millisecond,
-		ENISyncPeriod: 500 * time.Millisecond})
+	e := newEnv(t, "fxmove", 2, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 6
+		c.PoolCheckPeriod = 200 * time.Millisecond
+		c.ENISyncPeriod = 500 * time.Millisecond
+	}))
 	e.stop() // two replicas, one node each
 	nodeA, nodeB := e.nodes[0], e.nodes[1]
 	a, b := runMovers(t, e)
@@ -185,7 +189,11 @@ func runIPAMWith(t *testing.T, e *env, deps ipam.Deps) (*ipam.IPAM, context.Cont
 // error and the next one re-adds it, rather than giving the pod a new IP
 // (found by the chaos suite: a 429 at the re-add cost a pod its address).
 func TestIPAM_FixedIPSurvivesATransientReAddFailure(t *testing.T) {
-	e := newEnv(t, "fxretry", 2, ipam.Config{IdleMin: 2, IdleMax: 6, PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "fxretry", 2, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 2
+		c.IdleMax = 6
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	sts := e.createStatefulSet("rt", 1)
 	p := e.createStsPod(sts, 0, e.nodes[0], "", "c-1")
 	r, err := e.allocate(p)

@@ -80,7 +80,11 @@ func (e *env) wepExists(name string) bool {
 // scaling down and deleting the StatefulSet release the IPs after GC; policy
 // Never keeps them.
 func TestIPAM_FixedIPStatefulSet(t *testing.T) {
-	e := newEnv(t, "fx", 2, ipam.Config{IdleMin: 1, IdleMax: 6, PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "fx", 2, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 6
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	sts := e.createStatefulSet("db", 3)
 	pods := []podRef{
 		e.createStsPod(sts, 0, e.nodes[0], "", "c0"),
@@ -170,8 +174,13 @@ func TestIPAM_FixedIPStatefulSet(t *testing.T) {
 // GC releases the IP of a pod deleted without a CNI DEL, and reclaims an
 // assigned IP whose wep vanished, only after the grace period.
 func TestIPAM_GC_LeakedPodAndLeakedIP(t *testing.T) {
-	e := newEnv(t, "gc", 1, ipam.Config{IdleMin: 1, IdleMax: 10, PoolCheckPeriod: 200 * time.Millisecond,
-		GCPeriod: time.Hour, LeakGrace: 2 * time.Second})
+	e := newEnv(t, "gc", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 10
+		c.PoolCheckPeriod = 200 * time.Millisecond
+		c.GCPeriod = time.Hour
+		c.LeakGrace = 2 * time.Second
+	}))
 	pods := e.createPods("p", 3)
 	replies := e.allocateAll(pods, 3)
 	if len(replies) != 3 {

@@ -65,7 +65,11 @@ func (e *env) checkAssignedOnCloud(node string, grants []grant) {
 // still cool on the new owner. The new owner cannot know when the previous
 // one released it, so every unclaimed address cools from the takeover.
 func TestIPAM_HandOverKeepsCooling(t *testing.T) {
-	e := newEnv(t, "hocool", 1, ipam.Config{IdleMin: 2, IdleMax: 8, PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "hocool", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 2
+		c.IdleMax = 8
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	node := e.nodes[0]
 	first := e.createPods("a", 1)[0]
 	r, err := e.allocate(first)
@@ -94,7 +98,11 @@ func TestIPAM_HandOverKeepsCooling(t *testing.T) {
 // cloud just before the hand-over; the new owner's ENI list lags and still
 // shows it. The new owner must not hand it out.
 func TestIPAM_TakeoverDoesNotTrustALaggedList(t *testing.T) {
-	e := newEnv(t, "holag", 1, ipam.Config{IdleMin: 4, IdleMax: 8, PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "holag", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 4
+		c.IdleMax = 8
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	node := e.nodes[0]
 	eventually(t, 10*time.Second, "the pool filled", func() bool { return e.stats(node).Idle >= 4 })
 	const lag = 2 * time.Second
@@ -142,8 +150,12 @@ func TestIPAM_TakeoverDoesNotTrustALaggedList(t *testing.T) {
 // out, and an address the cloud has but the datastore lacks (an add whose
 // reply was lost) must be adopted, not leaked.
 func TestIPAM_SyncReconcilesEachAddress(t *testing.T) {
-	e := newEnv(t, "recon", 1, ipam.Config{IdleMin: 4, IdleMax: 8, PoolCheckPeriod: 200 * time.Millisecond,
-		ENISyncPeriod: 300 * time.Millisecond})
+	e := newEnv(t, "recon", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 4
+		c.IdleMax = 8
+		c.PoolCheckPeriod = 200 * time.Millisecond
+		c.ENISyncPeriod = 300 * time.Millisecond
+	}))
 	node := e.nodes[0]
 	eventually(t, 15*time.Second, "the pool filled", func() bool { return e.stats(node).Idle >= 4 })
 	var eniID, gone string
@@ -187,7 +199,11 @@ func TestIPAM_SyncReconcilesEachAddress(t *testing.T) {
 // address the pool holds idle. GC must hold the address out of the pool
 // while the wep names it, say so, and give it back once the wep is gone.
 func TestIPAM_GhostWEPHoldsItsAddress(t *testing.T) {
-	e := newEnv(t, "ghost", 1, ipam.Config{IdleMin: 4, IdleMax: 8, PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "ghost", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 4
+		c.IdleMax = 8
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	node := e.nodes[0]
 	eventually(t, 15*time.Second, "the pool filled and settled", func() bool { return e.stats(node).Idle >= 4 })
 	real := e.createPods("real", 1)[0]

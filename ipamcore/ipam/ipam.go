@@ -104,9 +104,9 @@ type IPAM struct {
 	workers sync.WaitGroup
 }
 
-// New builds an IPAM; it starts nothing (Run does).
+// New builds an IPAM; it starts nothing (Run does). The config must pass
+// Validate (start from DefaultConfig).
 func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*IPAM, error) {
-	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("ipam config: %w", err)
 	}

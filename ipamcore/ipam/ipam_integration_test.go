@@ -23,7 +23,12 @@ import (
 // WorkloadEndpoint matches, and after release the pools settle within
 // [IdleMin, IdleMax] with nothing leaked.
 func TestIPAM_AllocateRelease_20Nodes30Pods(t *testing.T) {
-	e := newEnv(t, "ar", 20, ipam.Config{IdleMin: 2, IdleMax: 6, PoolCheckPeriod: 200 * time.Millisecond, Cooldown: time.Second})
+	e := newEnv(t, "ar", 20, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 2
+		c.IdleMax = 6
+		c.PoolCheckPeriod = 200 * time.Millisecond
+		c.Cooldown = time.Second
+	}))
 	pods := e.createPods("p", 30)
 	replies := e.allocateAll(pods, 16)
 	if len(replies) != len(pods) {
@@ -119,7 +124,11 @@ func TestIPAM_AllocateRelease_20Nodes30Pods(t *testing.T) {
 // Restarting the IPAM rebuilds its state from the cloud and the weps, and
 // allocations across the restart never hand out an IP twice.
 func TestIPAM_RestartRebuildsAndNeverDuplicates(t *testing.T) {
-	e := newEnv(t, "rs", 3, ipam.Config{IdleMin: 2, IdleMax: 6, PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "rs", 3, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 2
+		c.IdleMax = 6
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	before := e.createPods("a", 8)
 	first := e.allocateAll(before, 8)
 	if len(first) != len(before) {
@@ -165,7 +174,7 @@ func TestIPAM_RestartRebuildsAndNeverDuplicates(t *testing.T) {
 
 // A pod whose node is not served gets a clear, retryable error and no IP.
 func TestIPAM_UnservedNodeRefused(t *testing.T) {
-	e := newEnv(t, "un", 2, ipam.Config{})
+	e := newEnv(t, "un", 2, ipam.DefaultConfig())
 	e.ipam.StopServingNode(e.nodes[1])
 	if _, err := e.ipam.Stats(e.nodes[1]); err == nil {
 		t.Fatal("stopped node still has datastore state")
@@ -192,7 +201,11 @@ func TestIPAM_UnservedNodeRefused(t *testing.T) {
 // order, the pod ends with either its IP and wep (ADD last) or neither (DEL
 // last) — never a wep without an assigned IP or an assigned IP without wep.
 func TestIPAM_DelRacingAdd(t *testing.T) {
-	e := newEnv(t, "race", 1, ipam.Config{IdleMin: 4, IdleMax: 8, PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "race", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 4
+		c.IdleMax = 8
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	pods := e.createPods("r", 12)
 	for _, p := range pods {
 		done := make(chan struct{})
@@ -219,7 +232,9 @@ func TestIPAM_DelRacingAdd(t *testing.T) {
 // bound pods): the ADD must read the binding from the API server instead of
 // failing. Half the calls name the node, as the plugin does, half do not.
 func TestIPAM_AllocateRightAfterBinding(t *testing.T) {
-	e := newEnv(t, "bind", 1, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "bind", 1, testConfig(func(c *ipam.Config) {
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	for k := range 20 {
 		name := "late-" + strconv.Itoa(k)
 		if _, err := e.kube.CoreV1().Pods(e.ns).Create(e.ctx, &corev1.Pod{
@@ -247,7 +262,9 @@ func TestIPAM_AllocateRightAfterBinding(t *testing.T) {
 // An ADD whose caller names another node than the pod's gets a clear error
 // and takes nothing: an IP of the other node's ENI would be useless to it.
 func TestIPAM_WrongNodeRefused(t *testing.T) {
-	e := newEnv(t, "wrongnode", 2, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "wrongnode", 2, testConfig(func(c *ipam.Config) {
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	p := e.createPods("w", 1)[0] // on nodes[0]
 	before := e.stats(p.node)
 	reply, err := e.cni.AllocateIP(e.ctx, &rpc.AllocateIPRequest{
@@ -275,7 +292,9 @@ func TestIPAM_WrongNodeRefused(t *testing.T) {
 // Serving a node starts its pod watch; stopping it must end it, or a
 // replica whose nodes come and go would leak goroutines and connections.
 func TestIPAM_StopServingEndsWatches(t *testing.T) {
-	e := newEnv(t, "watchstop", 1, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "watchstop", 1, testConfig(func(c *ipam.Config) {
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	p := e.createPods("ws", 1)[0]
 	eventually(t, 10*time.Second, "pod in its node's watch", func() bool {
 		_, ok := e.ipam.PodFromCache(p.node, e.ns, p.name)
@@ -308,7 +327,9 @@ func TestIPAM_StopServingEndsWatches(t *testing.T) {
 // nothing they hold is handed out again.
 func TestIPAM_BulkRebuildRestoresEveryNode(t *testing.T) {
 	const nodes = 40 // above the bulk threshold
-	e := newEnv(t, "bulk", nodes, ipam.Config{PoolCheckPeriod: 200 * time.Millisecond})
+	e := newEnv(t, "bulk", nodes, testConfig(func(c *ipam.Config) {
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
 	pods := e.createPods("b", 2)
 	held := e.allocateAll(pods, 8)
 	e.restart() // a fresh IPAM serving all 40 nodes in one ServeNodes

@@ -35,7 +35,10 @@ import (
 func TestCoordinator_UnrebuildableNodeBacksOff(t *testing.T) {
 	// No node of its own: the only node to serve is the broken one. The ENI
 	// sync is off so that every ListENIs counted is a rebuild's.
-	e := newEnvIn(t, "rr", 0, ipam.Config{PoolCheckPeriod: time.Hour, ENISyncPeriod: time.Hour}, world{annotateMaxIPs: true})
+	e := newEnvIn(t, "rr", 0, testConfig(func(c *ipam.Config) {
+		c.PoolCheckPeriod = time.Hour
+		c.ENISyncPeriod = time.Hour
+	}), world{annotateMaxIPs: true})
 	const bad = "rr-bad-node"
 	// "cce://" passes the coordinator's BCC-node filter; the path does
 	// not parse as an instance ID.
@@ -82,7 +85,13 @@ func TestCoordinator_UnrebuildableNodeBacksOff(t *testing.T) {
 // still served: the address is skipped, the others are used, and more are
 // added as pods need them.
 func TestIPAM_MalformedCloudAddressSkipped(t *testing.T) {
-	e := newEnv(t, "mf", 1, ipam.Config{IdleMin: 3, IdleMax: 6, BatchAdd: 4, PoolCheckPeriod: 200 * time.Millisecond, ENISyncPeriod: time.Hour})
+	e := newEnv(t, "mf", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 3
+		c.IdleMax = 6
+		c.BatchAdd = 4
+		c.PoolCheckPeriod = 200 * time.Millisecond
+		c.ENISyncPeriod = time.Hour
+	}))
 	node, inst := e.nodes[0], e.instance[e.nodes[0]]
 	eventually(t, 10*time.Second, "the pool filled", func() bool { return e.stats(node).Idle >= 3 })
 	e.stop()

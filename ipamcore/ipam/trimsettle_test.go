@@ -63,7 +63,9 @@ func (refuseAll) MayAct(string) (time.Time, error) { return time.Time{}, errors.
 func TestSettleTrimsPostponedWhileFenced(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC))
 	cl := &countingCloud{}
-	i, err := New(Config{ClusterID: "c", VPCID: "vpc-1"}, Deps{Kube: fake.NewClientset(), CCE: ccefake.NewSimpleClientset(),
+	cfg := DefaultConfig()
+	cfg.ClusterID, cfg.VPCID = "c", "vpc-1"
+	i, err := New(cfg, Deps{Kube: fake.NewClientset(), CCE: ccefake.NewSimpleClientset(),
 		Cloud: cl, Clock: clk, Fence: refuseAll{}}, nil, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 // datastore (the cloud call is elided), and see that the pool is warm.
 func Example() {
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-	s, _ := datastore.New(datastore.Config{})
+	s, _ := datastore.New(datastore.DefaultConfig())
 	_ = s.AddNode("node-a")
 	_ = s.AddENI("node-a", datastore.ENI{ID: "eni-1", SubnetID: "sbn-1", PrimaryIP: netip.MustParseAddr("10.0.1.2"), Capacity: 8})
 

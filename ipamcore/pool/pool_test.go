@@ -314,7 +314,7 @@ func TestPlans_DoNotFight(t *testing.T) {
 }
 
 func TestStateFromSnapshot(t *testing.T) {
-	s, err := datastore.New(datastore.Config{})
+	s, err := datastore.New(datastore.DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +387,7 @@ func TestUsableNow_CountsOnlyReadyIdle(t *testing.T) {
 // one ENI "a" with the idle candidates 10.0.0.10 and 10.0.0.11.
 func restoredSnapshot(t *testing.T, in datastore.RestoreInput) datastore.NodeSnapshot {
 	t.Helper()
-	s, err := datastore.New(datastore.Config{})
+	s, err := datastore.New(datastore.DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

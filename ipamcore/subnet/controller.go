@@ -2,7 +2,6 @@ package subnet
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -21,22 +20,30 @@ import (
 	cceinformers "github.com/cce-ipam/sharded/ipamcore/generated/informers/externalversions"
 )
 
-// Config tunes the controller.
+// Config tunes the controller. The default is the flag's (RegisterFlags,
+// DefaultConfig).
 type Config struct {
 	// SyncPeriod is how often every Subnet is refreshed from the cloud.
 	// Defaults to 15s, as the reference.
 	SyncPeriod time.Duration
 }
 
-// RegisterFlags binds the config to flags.
+// RegisterFlags binds the config to flags and sets the default.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.SyncPeriod, "subnet-sync-period", 15*time.Second, "how often Subnet resources are refreshed from the cloud")
 }
 
+// DefaultConfig is the config of a command line without flags.
+func DefaultConfig() Config {
+	var c Config
+	c.RegisterFlags(pflag.NewFlagSet("subnet", pflag.ContinueOnError))
+	return c
+}
+
 // Validate reports a config that cannot work.
 func (c Config) Validate() error {
-	if c.SyncPeriod < 0 {
-		return errors.New("subnet: negative sync period")
+	if c.SyncPeriod <= 0 {
+		return fmt.Errorf("subnet: sync period %s must be positive", c.SyncPeriod)
 	}
 	return nil
 }
@@ -51,10 +58,13 @@ type Controller struct {
 	writes    prometheus.Counter
 }
 
-// NewController builds the controller; Run starts it.
-func NewController(cfg Config, cce cceclient.Interface, provider cloud.Provider, log *slog.Logger, reg prometheus.Registerer) *Controller {
-	if cfg.SyncPeriod == 0 {
-		cfg.SyncPeriod = 15 * time.Second
+// NewController builds the controller; Run starts it. The config must pass
+// Validate (start from DefaultConfig); NewController panics on one that does
+// not, as its sync ticker would.
+func NewController(cfg Config, cce cceclient.Interface, provider cloud.Provider, log *slog.Logger,
+	reg prometheus.Registerer) *Controller {
+	if err := cfg.Validate(); err != nil {
+		panic(fmt.Sprintf("subnet.NewController: %v", err))
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

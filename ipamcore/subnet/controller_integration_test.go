@@ -60,7 +60,7 @@ func TestController_SyncCreatesAndDeclaresExhaustion(t *testing.T) {
 		{ObjectMeta: metav1.ObjectMeta{Name: "ippool-b"}, Spec: cce.IPPoolSpec{ENI: cce.ENISpec{Subnets: []string{big}}}},
 	}
 	reg := prometheus.NewRegistry()
-	c := subnet.NewController(subnet.Config{}, cs, provider, nil, reg)
+	c := subnet.NewController(subnet.DefaultConfig(), cs, provider, nil, reg)
 	c.Sync(ctx, pools)
 	for _, id := range []string{big, tiny} {
 		s, err := cs.CceV1alpha1().Subnets(cce.SubnetNamespace).Get(ctx, id, metav1.GetOptions{})

@@ -6,7 +6,7 @@
 // sync sets status.hasNoMoreIP from DescribeSubnet's availableIp, and the
 // IPAM's pool planner skips ENIs of exhausted subnets.
 //
-//	c := subnet.NewController(subnet.Config{}, cceClient, provider, logger, reg)
+//	c := subnet.NewController(subnet.DefaultConfig(), cceClient, provider, logger, reg)
 //	go c.Run(ctx) // one replica runs it (the leader, once sharding lands)
 //
 // It writes a Subnet only when a field changed, so a steady cluster costs one

@@ -1,4 +1,4 @@
-// Package bench is issue #8's benchmark: it runs the whole system as
+// Package bench is the cce-ipam benchmark: it runs the whole system as
 // processes on this machine (a real etcd + kube-apiserver, bce-sim, cce-ipam
 // replicas through e2e/fleet) and measures, side by side with a baseline in
 // the same run:

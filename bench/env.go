@@ -116,9 +116,6 @@ func startEnv(ctx context.Context, cfg Config) (_ *env, err error) {
 	}); err != nil {
 		return nil, err
 	}
-	if !e.f.Sharded() {
-		return nil, errors.New("bench: bin/cce-ipam has no sharding flags; run `make binaries`")
-	}
 	e.drv = newDriver(e.kube, e.cce, podNamespace)
 	e.smp = newSampler(e.f, 500*time.Millisecond)
 	e.smp.start()

@@ -47,21 +47,67 @@ func (s Scale) String() string {
 	return fmt.Sprintf("%d nodes / %d pods", s.Nodes, s.Nodes*s.PodsPerNode)
 }
 
-// Profiles by name.
+// Profiles by name. Short runs 5 repeats of 3 waves (1,800 ADDs per
+// configuration) so that each repeat's 3-replica p99 rests on more than a
+// couple of samples.
 var Profiles = map[string]Profile{
-	"smoke": {Name: "smoke", LatNodes: 6, LatPerNode: 4, LatWaves: 1, Repeats: 1, Conc: 8, IdleMin: 4, IdleMax: 16,
-		BudgetRate: 20, BudgetBurst: 10, FailRepeats: 1, ChurnWorkers: 6, BudgetLoad: 30 * time.Second,
-		BusyAlone: 10 * time.Second, Scales: []Scale{{Nodes: 30, PodsPerNode: 5}}, ColdRepeats: 1, MemWindow: 5 * time.Second},
-	// Short: 5 repeats of 3 waves (1,800 ADDs per configuration): with 3
-	// repeats of 2 the 3-replica p99 (then ~2 samples of 240 per repeat)
-	// spread 1.2–2.6× the floor from run to run on two shared cores.
-	"short": {Name: "short", LatNodes: 30, LatPerNode: 4, LatWaves: 3, Repeats: 5, Conc: 8, IdleMin: 4, IdleMax: 16,
-		BudgetRate: 20, BudgetBurst: 10, FailRepeats: 3, ChurnWorkers: 6, BudgetLoad: 60 * time.Second,
-		BusyAlone: 20 * time.Second, Scales: []Scale{{Nodes: 300, PodsPerNode: 30}}, ColdRepeats: 2, MemWindow: 10 * time.Second},
-	"long": {Name: "long", LatNodes: 60, LatPerNode: 4, LatWaves: 3, Repeats: 5, Conc: 8, IdleMin: 4, IdleMax: 16,
-		BudgetRate: 20, BudgetBurst: 10, FailRepeats: 5, ChurnWorkers: 6, BudgetLoad: 90 * time.Second,
-		BusyAlone: 30 * time.Second, Scales: []Scale{{Nodes: 1000, PodsPerNode: 30}, {Nodes: 3000, PodsPerNode: 30}},
-		ColdRepeats: 2, MemWindow: 20 * time.Second},
+	"smoke": {
+		Name:         "smoke",
+		LatNodes:     6,
+		LatPerNode:   4,
+		LatWaves:     1,
+		Repeats:      1,
+		Conc:         8,
+		IdleMin:      4,
+		IdleMax:      16,
+		BudgetRate:   20,
+		BudgetBurst:  10,
+		FailRepeats:  1,
+		ChurnWorkers: 6,
+		BudgetLoad:   30 * time.Second,
+		BusyAlone:    10 * time.Second,
+		Scales:       []Scale{{Nodes: 30, PodsPerNode: 5}},
+		ColdRepeats:  1,
+		MemWindow:    5 * time.Second,
+	},
+	"short": {
+		Name:         "short",
+		LatNodes:     30,
+		LatPerNode:   4,
+		LatWaves:     3,
+		Repeats:      5,
+		Conc:         8,
+		IdleMin:      4,
+		IdleMax:      16,
+		BudgetRate:   20,
+		BudgetBurst:  10,
+		FailRepeats:  3,
+		ChurnWorkers: 6,
+		BudgetLoad:   60 * time.Second,
+		BusyAlone:    20 * time.Second,
+		Scales:       []Scale{{Nodes: 300, PodsPerNode: 30}},
+		ColdRepeats:  2,
+		MemWindow:    10 * time.Second,
+	},
+	"long": {
+		Name:         "long",
+		LatNodes:     60,
+		LatPerNode:   4,
+		LatWaves:     3,
+		Repeats:      5,
+		Conc:         8,
+		IdleMin:      4,
+		IdleMax:      16,
+		BudgetRate:   20,
+		BudgetBurst:  10,
+		FailRepeats:  5,
+		ChurnWorkers: 6,
+		BudgetLoad:   90 * time.Second,
+		BusyAlone:    30 * time.Second,
+		Scales:       []Scale{{Nodes: 1000, PodsPerNode: 30}, {Nodes: 3000, PodsPerNode: 30}},
+		ColdRepeats:  2,
+		MemWindow:    20 * time.Second,
+	},
 }
 
 // Config is one run.

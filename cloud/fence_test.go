@@ -10,7 +10,7 @@ import (
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 )
 
-// Issue #19 finding 3: a call made for a node asks the node's permission
+// A call made for a node asks the node's permission
 // before every HTTP attempt. A call answered 5xx whose permission ended
 // before the retry is not retried: BCE sees one request, and the call fails
 // Canceled, matching ErrFenced and the permission's reason.

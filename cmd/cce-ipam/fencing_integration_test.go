@@ -17,7 +17,7 @@ import (
 	"github.com/cce-ipam/sharded/shard"
 )
 
-// Issue #19 finding 4: a replica frozen after its fence check and right
+// A replica frozen after its fence check and right
 // before its wep Create, resumed after another replica took the node over,
 // must have the Create refused by the API server itself (the fencing
 // ValidatingAdmissionPolicy), whatever its clock says. The failpoint models a

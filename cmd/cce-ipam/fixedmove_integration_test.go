@@ -17,8 +17,8 @@ import (
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
-// A fixed-IP StatefulSet pod moves to a node of another replica and back
-// (issue #19, finding 1). The old node's owner frees the address, reached
+// A fixed-IP StatefulSet pod moves to a node of another replica and back.
+// The old node's owner frees the address, reached
 // through the router's forwarded move; the pod keeps its address, on the
 // ENI of the node it runs on, and no stranger on the node it left gets it.
 func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {

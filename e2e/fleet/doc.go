@@ -30,11 +30,11 @@
 //	f, err := fleet.New(ctx, fleet.Options{Replicas: 3, Nodes: 50, Dir: dir, KeepDir: true})
 //	defer f.Close()
 //
-// Until sharding lands (issue #5) cce-ipam has no --memberlist-* flags and
-// serves every node, so New refuses more than one replica; Sharded reports
-// which binary it found. With the flags, every replica joins the others
-// through memberlist (a shared gossip key file), advertises its gRPC address
-// for forwarding, and keeps its Lease in Options.LeaseNamespace.
+// Every replica joins the others through memberlist (a shared gossip key
+// file), advertises its gRPC address for forwarding, signs forwarded calls
+// with a shared key, and keeps its Lease in Options.LeaseNamespace. A fleet on
+// its own control plane installs the chart's wep fencing policy and runs its
+// replicas as the user it fences.
 //
 // A fleet owns its nodes: on a shared control plane run one fleet at a time
 // (Close deletes the fleet's nodes and IPPools so the next one starts

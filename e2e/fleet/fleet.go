@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -49,8 +48,7 @@ type Fleet struct {
 	// Dir holds the logs.
 	Dir string
 
-	opts    Options
-	sharded bool
+	opts Options
 	// fencingPolicy and replicaKubeconfig: the wep fencing policy the
 	// fleet installed in its own control plane, and the identity it fences.
 	fencingPolicy     string
@@ -89,14 +87,23 @@ func New(ctx context.Context, opts Options) (*Fleet, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
 	defer cancel()
-	f := &Fleet{opts: opts, Dir: opts.Dir, ClusterID: "cce-" + opts.Name, VPCID: "vpc-" + opts.Name,
-		SubnetID: "sbn-" + opts.Name, SecurityGroup: "g-" + opts.Name}
+	f := &Fleet{
+		opts:          opts,
+		Dir:           opts.Dir,
+		ClusterID:     "cce-" + opts.Name,
+		VPCID:         "vpc-" + opts.Name,
+		SubnetID:      "sbn-" + opts.Name,
+		SecurityGroup: "g-" + opts.Name,
+	}
 	if err := f.start(ctx); err != nil {
 		return nil, errors.Join(err, f.Close())
 	}
 	return f, nil
 }
 
+// start runs the steps of New in order: working directory, control plane
+// and its clients, bce-sim and its client, the network namespaces, the
+// replicas, and the kubelet simulator with its nodes.
 func (f *Fleet) start(ctx context.Context) error {
 	o := &f.opts
 	if e := o.External; e != nil {
@@ -107,69 +114,17 @@ func (f *Fleet) start(ctx context.Context) error {
 			return fmt.Errorf("fleet: %s missing in %s (run `make binaries`): %w", b, o.BinDir, err)
 		}
 	}
-	if f.Dir == "" {
-		dir, err := os.MkdirTemp("", "cce-ipam-fleet-")
-		if err != nil {
-			return err
-		}
-		f.Dir = dir
-	} else if err := os.MkdirAll(f.Dir, 0o755); err != nil {
+	if err := f.makeDir(); err != nil {
 		return err
 	}
-	sharded, err := shardingFlags(filepath.Join(o.BinDir, "cce-ipam"))
-	if err != nil {
+	if err := f.connectControlPlane(ctx); err != nil {
 		return err
 	}
-	f.sharded = sharded
-	if o.Replicas > 1 && !sharded {
-		return fmt.Errorf("fleet: %d replicas asked for, but %s has no --memberlist-* flags yet (sharding, issue #5); only one replica may run",
-			o.Replicas, filepath.Join(o.BinDir, "cce-ipam"))
-	}
-
-	if o.Config == nil {
-		o.Logger.Info("starting control plane")
-		if err := os.MkdirAll(filepath.Join(f.Dir, "control-plane"), 0o755); err != nil {
-			return err
-		}
-		cp, err := cluster.Start(ctx, cluster.Options{BinDir: o.BinDir, ControllerManager: true,
-			Dir: filepath.Join(f.Dir, "control-plane")})
-		if err != nil {
-			return fmt.Errorf("fleet: control plane: %w", err)
-		}
-		f.Cluster = cp
-		root, err := moduleRoot()
-		if err != nil {
-			root = filepath.Dir(o.BinDir)
-		}
-		if err := cp.InstallCRDs(ctx, filepath.Join(root, "charts", "cce-ipam", "crds")); err != nil {
-			return fmt.Errorf("fleet: %w", err)
-		}
-		f.Config, f.Kubeconfig = cp.Config, cp.Kubeconfig
-		if sharded && hasFlag(filepath.Join(o.BinDir, "cce-ipam"), "--shard-fencing-policy") {
-			// The chart's wep fencing policy; the replicas run as the user
-			// it fences (through the netns proxy they keep the admin's
-			// token, which the policy does not check).
-			name, _, err := cp.InstallFencingPolicyAllNamespaces(ctx, filepath.Join(root, "charts", "cce-ipam"), o.LeaseNamespace)
-			if err != nil {
-				return fmt.Errorf("fleet: %w", err)
-			}
-			f.fencingPolicy, f.replicaKubeconfig = name, cp.ReplicaKubeconfig
-		}
-	} else {
-		f.Config, f.Kubeconfig = o.Config, o.Kubeconfig
-	}
-	if f.Kube, err = kubernetes.NewForConfig(f.Config); err != nil {
-		return err
-	}
-	if f.CCE, err = cceclient.NewForConfig(f.Config); err != nil {
-		return err
-	}
-
 	if err := f.startSim(ctx); err != nil {
 		return err
 	}
-	if f.Cloud, err = cloud.New(cloud.Config{Endpoint: f.simURL, Region: Region, AccessKeyID: AccessKey,
-		SecretAccessKey: SecretKey, Rate: 1000, Burst: 1000}, slog.New(slog.DiscardHandler), prometheus.NewRegistry()); err != nil {
+	var err error
+	if f.Cloud, err = f.simClient(); err != nil {
 		return err
 	}
 	if o.NetNS {
@@ -181,18 +136,8 @@ func (f *Fleet) start(ctx context.Context) error {
 			return err
 		}
 	}
-	if f.sharded {
-		if f.gossipKey, err = writeKey(f.Dir, "gossip.key"); err != nil {
-			return err
-		}
-		if f.forwardKey, err = writeKey(f.Dir, "forward.key"); err != nil {
-			return err
-		}
-	}
-	for range o.Replicas {
-		if _, err := f.AddReplica(ctx); err != nil {
-			return err
-		}
+	if err := f.startReplicas(ctx); err != nil {
+		return err
 	}
 	if o.NoKubelet {
 		return nil
@@ -203,6 +148,104 @@ func (f *Fleet) start(ctx context.Context) error {
 		}
 	}
 	return f.startKubelet()
+}
+
+// makeDir creates the log directory (a temporary one unless Options.Dir).
+func (f *Fleet) makeDir() error {
+	if f.Dir == "" {
+		dir, err := os.MkdirTemp("", "cce-ipam-fleet-")
+		if err != nil {
+			return err
+		}
+		f.Dir = dir
+		return nil
+	}
+	return os.MkdirAll(f.Dir, 0o755)
+}
+
+// connectControlPlane starts the fleet's own control plane unless Options
+// gives one, and builds the clients.
+func (f *Fleet) connectControlPlane(ctx context.Context) error {
+	o := &f.opts
+	if o.Config == nil {
+		if err := f.startControlPlane(ctx); err != nil {
+			return err
+		}
+	} else {
+		f.Config, f.Kubeconfig = o.Config, o.Kubeconfig
+	}
+	var err error
+	if f.Kube, err = kubernetes.NewForConfig(f.Config); err != nil {
+		return err
+	}
+	f.CCE, err = cceclient.NewForConfig(f.Config)
+	return err
+}
+
+// startControlPlane starts e2e/cluster with kube-controller-manager, installs
+// the CRDs and the chart's wep fencing policy (all namespaces). The replicas
+// run as the user the policy fences (through the netns proxy they keep the
+// admin's token, which the policy does not check).
+func (f *Fleet) startControlPlane(ctx context.Context) error {
+	o := &f.opts
+	o.Logger.Info("starting control plane")
+	if err := os.MkdirAll(filepath.Join(f.Dir, "control-plane"), 0o755); err != nil {
+		return err
+	}
+	cp, err := cluster.Start(ctx, cluster.Options{
+		BinDir:            o.BinDir,
+		ControllerManager: true,
+		Dir:               filepath.Join(f.Dir, "control-plane"),
+	})
+	if err != nil {
+		return fmt.Errorf("fleet: control plane: %w", err)
+	}
+	f.Cluster = cp
+	root, err := moduleRoot()
+	if err != nil {
+		root = filepath.Dir(o.BinDir)
+	}
+	if err := cp.InstallCRDs(ctx, filepath.Join(root, "charts", "cce-ipam", "crds")); err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	f.Config, f.Kubeconfig = cp.Config, cp.Kubeconfig
+	name, _, err := cp.InstallFencingPolicyAllNamespaces(ctx, filepath.Join(root, "charts", "cce-ipam"), o.LeaseNamespace)
+	if err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	f.fencingPolicy, f.replicaKubeconfig = name, cp.ReplicaKubeconfig
+	return nil
+}
+
+// simClient is a BCE client of the fleet's bce-sim with a generous budget.
+func (f *Fleet) simClient() (*cloud.Client, error) {
+	cfg := cloud.Config{
+		Endpoint:        f.simURL,
+		Region:          Region,
+		AccessKeyID:     AccessKey,
+		SecretAccessKey: SecretKey,
+		Rate:            1000,
+		Burst:           1000,
+	}
+	return cloud.New(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+}
+
+// startReplicas writes the keys every replica shares (gossip, forwarding)
+// and starts Options.Replicas replicas, each waited for until ready.
+func (f *Fleet) startReplicas(ctx context.Context) error {
+	var err error
+	if f.gossipKey, err = writeKey(f.Dir, "gossip.key"); err != nil {
+		return err
+	}
+	if f.forwardKey, err = writeKey(f.Dir, "forward.key"); err != nil {
+		return err
+	}
+	for range f.opts.Replicas {
+		if _, err := f.AddReplica(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // startExternal uses an IPAM and bce-sim someone else runs.
@@ -248,23 +291,6 @@ func (f *Fleet) startExternal(ctx context.Context, e *External) error {
 // External reports whether the fleet runs against an IPAM it did not start.
 func (f *Fleet) External() bool { return f.opts.External != nil }
 
-// shardingFlags reports whether the cce-ipam binary has the memberlist
-// flags, i.e. whether several replicas may run.
-func shardingFlags(bin string) (bool, error) {
-	out, err := exec.Command(bin, "--help").CombinedOutput()
-	if err != nil && len(out) == 0 {
-		return false, fmt.Errorf("fleet: %s --help: %w", bin, err)
-	}
-	return strings.Contains(string(out), "--memberlist-bind-addr"), nil
-}
-
-// hasFlag reports whether the binary's --help lists the flag (an older
-// bin/cce-ipam may not have it yet).
-func hasFlag(bin, flag string) bool {
-	out, _ := exec.Command(bin, "--help").CombinedOutput()
-	return strings.Contains(string(out), flag)
-}
-
 func writeKey(dir, name string) (string, error) {
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
@@ -273,10 +299,6 @@ func writeKey(dir, name string) (string, error) {
 	path := filepath.Join(dir, name)
 	return path, os.WriteFile(path, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600)
 }
-
-// Sharded reports whether the replicas run with the sharding flags (the
-// cce-ipam binary has them). Without them only one replica may run.
-func (f *Fleet) Sharded() bool { return f.sharded }
 
 // Options returns the options the fleet runs with, defaults filled in.
 func (f *Fleet) Options() Options { return f.opts }

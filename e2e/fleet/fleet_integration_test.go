@@ -29,7 +29,7 @@ func TestFleet_OwnControlPlane_SurvivesKillAndAPIServerRestart(t *testing.T) {
 	if f.Cluster == nil || len(f.Nodes()) != 2 || len(f.CNIAddrs()) != 1 {
 		t.Fatalf("fleet: cluster %v, nodes %v, CNI %v", f.Cluster != nil, f.Nodes(), f.CNIAddrs())
 	}
-	t.Logf("sharded binary: %v; logs in %s", f.Sharded(), f.Dir)
+	t.Logf("logs in %s", f.Dir)
 	ns := createNamespace(ctx, t, f.Kube)
 
 	createPods(ctx, t, f.Kube, ns, "a", 4)
@@ -186,9 +186,6 @@ func TestFleet_NetNS_PartitionAndHeal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	f := fleet.Start(t, fleet.Options{Name: "nsp", Replicas: 3, Nodes: 4, NetNS: true})
-	if !f.Sharded() {
-		t.Fatal("the sharded binary is needed for three replicas")
-	}
 	r0 := f.Replica(0)
 	t.Logf("replica 0 runs in %s at %s", r0.NetNS(), r0.GRPCAddr())
 	if r0.NetNS() == "" || strings.HasPrefix(r0.GRPCAddr(), "127.") {

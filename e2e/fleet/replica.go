@@ -41,9 +41,6 @@ type Replica struct {
 // kubelet simulator keeps its endpoint list: call RestartKubelet to spread
 // calls over the new replica too.
 func (f *Fleet) AddReplica(ctx context.Context) (*Replica, error) {
-	if !f.sharded && len(f.Live()) >= 1 {
-		return nil, fmt.Errorf("fleet: cce-ipam has no sharding flags yet; a second replica would serve the same nodes")
-	}
 	f.mu.Lock()
 	r := &Replica{f: f, index: f.nextIndex}
 	f.nextIndex++
@@ -87,7 +84,7 @@ func (r *Replica) MetricsAddr() string { return r.metricsAddr }
 // MetricsURL is its /metrics URL.
 func (r *Replica) MetricsURL() string { return "http://" + r.metricsAddr + "/metrics" }
 
-// GossipAddr is its memberlist host:port (used only when sharded).
+// GossipAddr is its memberlist host:port.
 func (r *Replica) GossipAddr() string {
 	return net.JoinHostPort(r.gossipHost, strconv.Itoa(r.gossipPort))
 }
@@ -156,21 +153,19 @@ func (r *Replica) args() []string {
 		"--idle-ip-pool-min-size", strconv.Itoa(o.IdleMin), "--idle-ip-pool-max-size", strconv.Itoa(o.IdleMax),
 		"--pool-check-period", "1s", "--eni-sync-period", "5s", "--gc-period", "5s", "--subnet-sync-period", "5s",
 		"--ip-cooling-period", "1s", "--log-level", o.LogLevel}
-	if f.sharded {
-		a = append(a, "--memberlist-bind-addr", r.gossipHost, "--memberlist-bind-port", strconv.Itoa(r.gossipPort),
-			"--memberlist-advertise-addr", r.gossipHost,
-			"--memberlist-gossip-key-file", f.gossipKey,
-			"--memberlist-name-prefix", fmt.Sprintf("%s-r%d", o.Name, r.index),
-			"--memberlist-grpc-advertise-addr", r.grpcAddr,
-			"--namespace", o.LeaseNamespace,
-			"--shard-forward-key-file", f.forwardKey)
-		if f.fencingPolicy != "" {
-			a = append(a, "--shard-fencing-policy", f.fencingPolicy)
-		}
-		for _, peer := range f.Replicas() {
-			if peer != r && !peer.Removed() {
-				a = append(a, "--memberlist-join", peer.GossipAddr())
-			}
+	a = append(a, "--memberlist-bind-addr", r.gossipHost, "--memberlist-bind-port", strconv.Itoa(r.gossipPort),
+		"--memberlist-advertise-addr", r.gossipHost,
+		"--memberlist-gossip-key-file", f.gossipKey,
+		"--memberlist-name-prefix", fmt.Sprintf("%s-r%d", o.Name, r.index),
+		"--memberlist-grpc-advertise-addr", r.grpcAddr,
+		"--namespace", o.LeaseNamespace,
+		"--shard-forward-key-file", f.forwardKey)
+	if f.fencingPolicy != "" {
+		a = append(a, "--shard-fencing-policy", f.fencingPolicy)
+	}
+	for _, peer := range f.Replicas() {
+		if peer != r && !peer.Removed() {
+			a = append(a, "--memberlist-join", peer.GossipAddr())
 		}
 	}
 	a = append(a, o.ReplicaArgs...)

@@ -1,4 +1,4 @@
-// Command bench runs the cce-ipam benchmark (issue #8) and writes its report
+// Command bench runs the cce-ipam benchmark (package bench) and writes its report
 // and plots:
 //
 //	go run ./bench/cmd/bench --profile short   # make bench

@@ -2,7 +2,7 @@
 // replicas are SIGKILLed and restarted, SIGSTOPped and resumed, cut off
 // from their peers (each replica runs in its own network namespace), bce-sim
 // answers 429s, 5xx, slowly or from a lagging replica, and kube-apiserver
-// is restarted. Issue #19 adds faults aimed at the hand-over paths:
+// is restarted. Further faults aim at the hand-over paths:
 //
 //   - lag-handover: bce-sim's reads lag 1-3 s (below the replicas'
 //     --cloud-read-lag) while a replica's nodes go to the others (SIGKILL,

@@ -36,9 +36,6 @@ func TestSharding(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	f := env.Fleet(t, fleet.Options{Name: "shard", Replicas: 3, Nodes: 12})
-	if !f.Sharded() {
-		t.Fatal("cce-ipam has no sharding flags; this suite needs issue #5")
-	}
 	own := suite.WaitSharded(ctx, t, f)
 	t.Logf("3 replicas: %s", own)
 	ns := suite.Namespace(t, f.Kube)

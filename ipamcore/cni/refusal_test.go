@@ -48,15 +48,13 @@ func callEach(t *testing.T, c rpc.CNIBackendClient) map[string]failedCall {
 	}
 	out[methodAllocate] = failedCall{a.GetIsSuccess(), a.GetErrMsg(), md}
 	md = nil
-	rel := &rpc.ReleaseIPRequest{K8SPodNamespace: "default", K8SPodName: "web-0", K8SPodInfraContainerID: "abc"}
-	r, err := c.ReleaseIP(ctx, rel, grpc.Trailer(&md))
+	r, err := c.ReleaseIP(ctx, releaseReq("web-0", "abc"), grpc.Trailer(&md))
 	if err != nil {
 		t.Fatalf("ReleaseIP: gRPC error %v", err)
 	}
 	out[methodRelease] = failedCall{r.GetIsSuccess(), r.GetErrMsg(), md}
 	md = nil
-	chk := &rpc.CheckIPRequest{K8SPodNamespace: "default", K8SPodName: "web-0", K8SPodInfraContainerID: "abc"}
-	k, err := c.CheckIP(ctx, chk, grpc.Trailer(&md))
+	k, err := c.CheckIP(ctx, checkReq("web-0", "abc"), grpc.Trailer(&md))
 	if err != nil {
 		t.Fatalf("CheckIP: gRPC error %v", err)
 	}

@@ -141,7 +141,8 @@ type call func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, bool, err
 
 // serve is the shared path of every method: validate, take a slot or refuse,
 // run the backend under the deadline, record the outcome.
-func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, req podRequest, ipType rpc.IPType, fn call) (podip.Endpoint, bool, error) {
+func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, req podRequest, ipType rpc.IPType,
+	fn call) (podip.Endpoint, bool, error) {
 	start := time.Now()
 	pod, err := decode(req, ipType)
 	if err != nil {

@@ -86,6 +86,25 @@ func allocReq(ns, name, id string) *rpc.AllocateIPRequest {
 	return &rpc.AllocateIPRequest{K8SPodNamespace: ns, K8SPodName: name, K8SPodInfraContainerID: id}
 }
 
+func withNode(r *rpc.AllocateIPRequest, node string) *rpc.AllocateIPRequest {
+	r.K8SNodeName = node
+	return r
+}
+
+func withType(r *rpc.AllocateIPRequest, t rpc.IPType) *rpc.AllocateIPRequest {
+	r.IPType = t
+	return r
+}
+
+// releaseReq and checkReq are requests for a pod of the default namespace.
+func releaseReq(name, id string) *rpc.ReleaseIPRequest {
+	return &rpc.ReleaseIPRequest{K8SPodNamespace: "default", K8SPodName: name, K8SPodInfraContainerID: id}
+}
+
+func checkReq(name, id string) *rpc.CheckIPRequest {
+	return &rpc.CheckIPRequest{K8SPodNamespace: "default", K8SPodName: name, K8SPodInfraContainerID: id}
+}
+
 func TestServer_AllocateIP_Success(t *testing.T) {
 	b := &recordingBackend{}
 	c := serve(t, DefaultConfig(), b, nil)
@@ -118,9 +137,9 @@ func TestServer_AllocateIP_InvalidRequests(t *testing.T) {
 		{"long container", allocReq("default", "p", strings.Repeat("a", 300)), "bytes long"},
 		{"space in container", allocReq("default", "p", "ab cd"), "non-printable or space"},
 		{"control char", allocReq("default", "p", "ab\x01cd"), "non-printable or space"},
-		{"bad node", &rpc.AllocateIPRequest{K8SPodNamespace: "default", K8SPodName: "p", K8SPodInfraContainerID: "id", K8SNodeName: "Node_1"}, "node name"},
-		{"bbc", &rpc.AllocateIPRequest{K8SPodNamespace: "default", K8SPodName: "p", K8SPodInfraContainerID: "id", IPType: rpc.IPType_BBCPrimaryENIMultiIPType}, "unsupported IP type"},
-		{"crossvpc", &rpc.AllocateIPRequest{K8SPodNamespace: "default", K8SPodName: "p", K8SPodInfraContainerID: "id", IPType: rpc.IPType_CrossVPCENIIPType}, "unsupported IP type"},
+		{"bad node", withNode(allocReq("default", "p", "id"), "Node_1"), "node name"},
+		{"bbc", withType(allocReq("default", "p", "id"), rpc.IPType_BBCPrimaryENIMultiIPType), "unsupported IP type"},
+		{"crossvpc", withType(allocReq("default", "p", "id"), rpc.IPType_CrossVPCENIIPType), "unsupported IP type"},
 	}
 	b := &recordingBackend{}
 	reg := prometheus.NewRegistry()
@@ -181,7 +200,7 @@ func TestServer_AllocateIP_BusyAnswersAtOnce(t *testing.T) {
 		t.Fatalf("second allocation = %v, err %v; want %q", reply, err, BusyMessage)
 	}
 	// Allocations must not use up the release slots (the reference's bug).
-	rel, err := c.ReleaseIP(context.Background(), &rpc.ReleaseIPRequest{K8SPodNamespace: "default", K8SPodName: "c", K8SPodInfraContainerID: "3"})
+	rel, err := c.ReleaseIP(context.Background(), releaseReq("c", "3"))
 	if err != nil || !rel.IsSuccess {
 		t.Fatalf("release during a full allocation limit = %v, err %v; want success", rel, err)
 	}
@@ -227,11 +246,11 @@ func TestServer_ReleaseIP(t *testing.T) {
 		return podip.Endpoint{}, false, nil
 	}}
 	c := serve(t, DefaultConfig(), b, nil)
-	held, err := c.ReleaseIP(context.Background(), &rpc.ReleaseIPRequest{K8SPodNamespace: "default", K8SPodName: "held", K8SPodInfraContainerID: "1"})
+	held, err := c.ReleaseIP(context.Background(), releaseReq("held", "1"))
 	if err != nil || !held.IsSuccess || held.GetENIMultiIP().GetIP() != "10.0.0.7" {
 		t.Fatalf("release of a held IP = %v, err %v", held, err)
 	}
-	unknown, err := c.ReleaseIP(context.Background(), &rpc.ReleaseIPRequest{K8SPodNamespace: "default", K8SPodName: "gone", K8SPodInfraContainerID: "1"})
+	unknown, err := c.ReleaseIP(context.Background(), releaseReq("gone", "1"))
 	if err != nil || !unknown.IsSuccess || unknown.GetENIMultiIP() != nil {
 		t.Fatalf("release of an unknown pod = %v, err %v; want success without payload", unknown, err)
 	}
@@ -239,11 +258,11 @@ func TestServer_ReleaseIP(t *testing.T) {
 
 func TestServer_CheckIP_IsTruthful(t *testing.T) {
 	c := serve(t, DefaultConfig(), &recordingBackend{}, nil)
-	known, _ := c.CheckIP(context.Background(), &rpc.CheckIPRequest{K8SPodNamespace: "default", K8SPodName: "known", K8SPodInfraContainerID: "1"})
+	known, _ := c.CheckIP(context.Background(), checkReq("known", "1"))
 	if !known.IsSuccess || known.GetENIMultiIP().GetIP() != "10.0.0.9" {
 		t.Fatalf("check of a pod with an IP = %v", known)
 	}
-	none, _ := c.CheckIP(context.Background(), &rpc.CheckIPRequest{K8SPodNamespace: "default", K8SPodName: "other", K8SPodInfraContainerID: "1"})
+	none, _ := c.CheckIP(context.Background(), checkReq("other", "1"))
 	if none.IsSuccess {
 		t.Fatalf("check of a pod without an IP = %v, want failure", none)
 	}

@@ -150,7 +150,8 @@ func TestStore_Concurrent(t *testing.T) {
 				report(err)
 				return
 			}
-			if err := s.AddENI(node, ENI{ID: "eni-" + node, SubnetID: "sbn", PrimaryIP: netip.AddrFrom4([4]byte{10, 3, 0, byte(1 + n)})}); err != nil {
+			primary := netip.AddrFrom4([4]byte{10, 3, 0, byte(1 + n)})
+			if err := s.AddENI(node, ENI{ID: "eni-" + node, SubnetID: "sbn", PrimaryIP: primary}); err != nil {
 				report(err)
 				return
 			}

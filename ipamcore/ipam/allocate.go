@@ -145,7 +145,8 @@ func (i *IPAM) takeIP(ctx context.Context, n *node, owner datastore.Owner, subne
 
 // tryTake makes one attempt; again=true means a refill or a cooled address
 // may now satisfy the next attempt.
-func (i *IPAM) tryTake(ctx context.Context, n *node, req datastore.Request, deadline <-chan time.Time) (info datastore.IPInfo, again bool, err error) {
+func (i *IPAM) tryTake(ctx context.Context, n *node, req datastore.Request,
+	deadline <-chan time.Time) (info datastore.IPInfo, again bool, err error) {
 	// Register before trying so that a refill between the try and the
 	// wait is not missed.
 	refilled, done := n.waitRefill()

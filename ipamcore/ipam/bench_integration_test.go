@@ -40,7 +40,11 @@ func BenchmarkAllocateWarmPool(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		reply, err := e.cni.AllocateIP(e.ctx, &rpc.AllocateIPRequest{K8SPodName: p.name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: p.containerID})
+		reply, err := e.cni.AllocateIP(e.ctx, &rpc.AllocateIPRequest{
+			K8SPodName:             p.name,
+			K8SPodNamespace:        e.ns,
+			K8SPodInfraContainerID: p.containerID,
+		})
 		b.StopTimer()
 		if err != nil || !reply.IsSuccess {
 			b.Fatalf("allocate: %v %v", reply, err)

@@ -47,7 +47,8 @@ func TestIPAM_HandOverWaitsForGCCloudDelete(t *testing.T) {
 		t.Fatalf("bce-sim does not have the fixed IP %s on the node", r.IP)
 	}
 	const hold = 3 * time.Second
-	if err := e.sim.SetFaults(bcesim.Faults{LatencyMs: map[bcesim.Op]int{bcesim.OpDeletePrivateIP: int(hold / time.Millisecond)}}); err != nil {
+	latency := map[bcesim.Op]int{bcesim.OpDeletePrivateIP: int(hold / time.Millisecond)}
+	if err := e.sim.SetFaults(bcesim.Faults{LatencyMs: latency}); err != nil {
 		t.Fatal(err)
 	}
 	calls := func() int64 { return e.sim.Stats().Ops[bcesim.OpDeletePrivateIP].Calls }

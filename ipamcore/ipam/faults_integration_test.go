@@ -208,17 +208,29 @@ func TestIPAM_SyncDeletesLeakedENIs(t *testing.T) {
 	}))
 	inst, node := e.instance[e.nodes[0]], e.nodes[0]
 	sg := "g-le"
-	leaked, err := e.cloud.CreateENI(e.ctx, cloud.CreateENIRequest{Name: testCluster + "/" + inst + "/" + node + "/abcdef", SubnetID: "sbn-le", SecurityGroupIDs: []string{sg}})
+	leaked, err := e.cloud.CreateENI(e.ctx, cloud.CreateENIRequest{
+		Name:             testCluster + "/" + inst + "/" + node + "/abcdef",
+		SubnetID:         "sbn-le",
+		SecurityGroupIDs: []string{sg},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	foreign, err := e.cloud.CreateENI(e.ctx, cloud.CreateENIRequest{Name: "other-cluster/" + inst + "/" + node + "/abcdef", SubnetID: "sbn-le", SecurityGroupIDs: []string{sg}})
+	foreign, err := e.cloud.CreateENI(e.ctx, cloud.CreateENIRequest{
+		Name:             "other-cluster/" + inst + "/" + node + "/abcdef",
+		SubnetID:         "sbn-le",
+		SecurityGroupIDs: []string{sg},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// An ENI of a node that was deleted: no shard serves it; the leader
 	// (a single IPAM leads) sweeps it.
-	orphan, err := e.cloud.CreateENI(e.ctx, cloud.CreateENIRequest{Name: testCluster + "/" + inst + "/le-deleted-node/abcdef", SubnetID: "sbn-le", SecurityGroupIDs: []string{sg}})
+	orphan, err := e.cloud.CreateENI(e.ctx, cloud.CreateENIRequest{
+		Name:             testCluster + "/" + inst + "/le-deleted-node/abcdef",
+		SubnetID:         "sbn-le",
+		SecurityGroupIDs: []string{sg},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +343,11 @@ func TestIPAM_ListsKeepOnlyServedNodesENIs(t *testing.T) {
 
 	// A second ENI attached to the served node out of band is adopted; one
 	// attached to an unserved node's instance is not even kept.
-	extra, err := e.cloud.CreateENI(ctx, cloud.CreateENIRequest{Name: testCluster + "/" + e.instance[mine] + "/" + mine + "/extra0", SubnetID: "sbn-sh", SecurityGroupIDs: []string{"g-sh"}})
+	extra, err := e.cloud.CreateENI(ctx, cloud.CreateENIRequest{
+		Name:             testCluster + "/" + e.instance[mine] + "/" + mine + "/extra0",
+		SubnetID:         "sbn-sh",
+		SecurityGroupIDs: []string{"g-sh"},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -135,7 +135,8 @@ func (i *IPAM) ProbeFence(ctx context.Context, namespace, node string, tok Fence
 
 // ProbeFence is IPAM.ProbeFence with a client of the caller's (a takeover's
 // probes then do not spend the CNI path's client-side rate limit).
-func ProbeFence(ctx context.Context, client cceclient.Interface, now time.Time, namespace, node string, tok FenceToken) (refused bool, err error) {
+func ProbeFence(ctx context.Context, client cceclient.Interface, now time.Time, namespace, node string,
+	tok FenceToken) (refused bool, err error) {
 	w := &cce.WorkloadEndpoint{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      fmt.Sprintf("cce-ipam-fence-probe-%d", tok.Partition),

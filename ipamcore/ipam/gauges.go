@@ -17,7 +17,8 @@ type poolCollector struct {
 func newPoolCollector(i *IPAM) *poolCollector {
 	return &poolCollector{
 		ipam: i,
-		ips:  prometheus.NewDesc("cce_ipam_pool_ips", "IPs on the ENIs of the served nodes, by state (idle, cooling, assigned, held).", []string{"state"}, nil),
+		ips: prometheus.NewDesc("cce_ipam_pool_ips",
+			"IPs on the ENIs of the served nodes, by state (idle, cooling, assigned, held).", []string{"state"}, nil),
 		enis: prometheus.NewDesc("cce_ipam_enis", "ENIs of the served nodes.", nil, nil),
 		node: prometheus.NewDesc("cce_ipam_served_nodes", "Nodes this replica serves.", nil, nil),
 	}

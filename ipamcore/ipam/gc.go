@@ -238,7 +238,8 @@ func (i *IPAM) freeFixed(ctx context.Context, w *cce.WorkloadEndpoint, kind stri
 	}
 	err = i.deps.Cloud.DeletePrivateIP(ctx, w.Spec.ENIID, addr.String())
 	if err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) && !errors.Is(err, cloud.ErrENINotFound) {
-		_, _ = i.store.Unhold(w.Spec.Node, addr, &datastore.Owner{Namespace: w.Namespace, Name: w.Name, ContainerID: w.Spec.ContainerID}, i.deps.Clock.Now())
+		owner := &datastore.Owner{Namespace: w.Namespace, Name: w.Name, ContainerID: w.Spec.ContainerID}
+		_, _ = i.store.Unhold(w.Spec.Node, addr, owner, i.deps.Clock.Now())
 		i.log.Warn("gc: delete fixed IP from the cloud; will retry", "ip", addr, "err", err)
 		return
 	}
@@ -310,7 +311,8 @@ func (i *IPAM) collectLeakedIPsOf(ctx context.Context, nodeName string, named ma
 				delete(i.leakSuspects, ip.Addr)
 				delete(seen, ip.Addr)
 				i.metrics.gcActions.WithLabelValues(gcLeakedIP).Inc()
-				i.nodeEvent(nodeName, "ReclaimedLeakedIP", "reclaimed %s, assigned to %s without a WorkloadEndpoint for %s", ip.Addr, ip.Owner, i.cfg.LeakGrace)
+				i.nodeEvent(nodeName, "ReclaimedLeakedIP", "reclaimed %s, assigned to %s without a WorkloadEndpoint for %s",
+					ip.Addr, ip.Owner, i.cfg.LeakGrace)
 				i.log.Info("gc: reclaimed a leaked IP", "node", nodeName, "ip", ip.Addr, "owner", ip.Owner.String())
 			}
 		}

@@ -166,7 +166,8 @@ func TestIPAM_FixedIPStatefulSet(t *testing.T) {
 		return !e.wepExists("db-0")
 	})
 	if e.wepExists("db-0") || !e.wepExists("db-2") {
-		t.Fatalf("after StatefulSet deletion: db-0 wep exists=%v (want false), db-2 exists=%v (want true)", e.wepExists("db-0"), e.wepExists("db-2"))
+		t.Fatalf("after StatefulSet deletion: db-0 wep exists=%v (want false), db-2 exists=%v (want true)",
+			e.wepExists("db-0"), e.wepExists("db-2"))
 	}
 	e.checkNoLeak()
 }

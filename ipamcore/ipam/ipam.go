@@ -368,7 +368,8 @@ const rebuildConcurrency = 8
 // Roughly where the two cost the same with ~30 pods per node.
 const bulkRebuildNodes = 32
 
-func (i *IPAM) serveRebuilt(ctx, runCtx context.Context, name string, byInstance map[string][]cloud.ENI, claims []datastore.Claim, start time.Time) error {
+func (i *IPAM) serveRebuilt(ctx, runCtx context.Context, name string, byInstance map[string][]cloud.ENI,
+	claims []datastore.Claim, start time.Time) error {
 	n, err := i.rebuild(ctx, name, byInstance, claims, start)
 	if err != nil {
 		i.metrics.rebuilds.WithLabelValues("error").Inc()

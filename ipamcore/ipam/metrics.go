@@ -78,7 +78,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "cce_ipam_leaked_ip_oldest_suspect_age_seconds", Help: "Age of the oldest leaked-IP suspect.",
 		}),
 		fenced: f.NewCounter(prometheus.CounterOpts{
-			Name: "cce_ipam_fenced_writes_total", Help: "Writes for a node refused because this replica may no longer act for it (ownership moved or lease at risk).",
+			Name: "cce_ipam_fenced_writes_total",
+			Help: "Writes for a node refused because this replica may no longer act for it (ownership moved or lease at risk).",
 		}),
 	}
 }

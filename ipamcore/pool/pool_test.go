@@ -22,7 +22,12 @@ func TestCapacityFromAnnotations(t *testing.T) {
 		wantErr string // substring; "" for none
 	}{
 		{"none", nil, def, ""},
-		{"all", map[string]string{AnnotationMaxIPPerENI: "30", AnnotationMaxENINum: "4", AnnotationWarmIPTarget: "5", AnnotationPreAttachedENINum: "2"},
+		{"all", map[string]string{
+			AnnotationMaxIPPerENI:       "30",
+			AnnotationMaxENINum:         "4",
+			AnnotationWarmIPTarget:      "5",
+			AnnotationPreAttachedENINum: "2",
+		},
 			Capacity{MaxIPsPerENI: 30, MaxENIs: 4, WarmIPTarget: 5, PreAttachedENIs: 2}, ""},
 		{"warm defaults to half of max-ip-per-eni", map[string]string{AnnotationMaxIPPerENI: "40"},
 			Capacity{MaxIPsPerENI: 40, MaxENIs: 8, WarmIPTarget: 20, PreAttachedENIs: 1}, ""},
@@ -147,8 +152,9 @@ func TestPlanGrow(t *testing.T) {
 			need: 15, adds: "a:10 b:5", eniReason: "enough room",
 		},
 		{
-			name:    "exhausted subnet and backoff are skipped",
-			st:      NodeState{ENIs: enis(ENIState{ID: "a", SubnetExhausted: true}, ENIState{ID: "b", Total: 1, Assigned: 1}, ENIState{ID: "c", Total: 2, Assigned: 2})},
+			name: "exhausted subnet and backoff are skipped",
+			st: NodeState{ENIs: enis(ENIState{ID: "a", SubnetExhausted: true}, ENIState{ID: "b", Total: 1, Assigned: 1},
+				ENIState{ID: "c", Total: 2, Assigned: 2})},
 			backoff: map[string]Backoff{"b": {Failures: 1, Until: future, MaxBatch: 2}},
 			need:    4, adds: "c:4", skips: "a:subnet-exhausted b:backoff", eniReason: "maximum",
 		},
@@ -165,7 +171,8 @@ func TestPlanGrow(t *testing.T) {
 		},
 		{
 			name: "full but at max enis",
-			st:   NodeState{ENIs: enis(ENIState{ID: "a", Total: 7, Assigned: 7}, ENIState{ID: "b", Total: 7, Assigned: 7}, ENIState{ID: "c", Total: 7, Assigned: 7})},
+			st: NodeState{ENIs: enis(ENIState{ID: "a", Total: 7, Assigned: 7}, ENIState{ID: "b", Total: 7, Assigned: 7},
+				ENIState{ID: "c", Total: 7, Assigned: 7})},
 			need: 4, short: 4, skips: "a:eni-full b:eni-full c:eni-full", newENI: false, eniReason: "maximum",
 		},
 		{
@@ -247,7 +254,8 @@ func TestPlanTrim(t *testing.T) {
 	}{
 		{name: "at max: nothing", st: NodeState{IdleIPs: many[:6]}},
 		{name: "over max: idle longest first", st: NodeState{IdleIPs: many[:8]}, want: []string{"10.0.0.10", "10.0.0.11"}},
-		{name: "input order does not matter", st: NodeState{IdleIPs: []IdleIP{many[7], many[3], many[0], many[5], many[1], many[2], many[4], many[6]}},
+		{name: "input order does not matter",
+			st:   NodeState{IdleIPs: []IdleIP{many[7], many[3], many[0], many[5], many[1], many[2], many[4], many[6]}},
 			want: []string{"10.0.0.10", "10.0.0.11"}},
 		{name: "waiting allocations keep addresses", st: NodeState{IdleIPs: many[:8], Waiting: 1}, want: []string{"10.0.0.10"}},
 		{name: "trim batch caps a large excess", cfg: func(c *Config) { c.MaxIdle, c.TrimBatch = 1, 3 }, st: NodeState{IdleIPs: many},
@@ -327,7 +335,8 @@ func TestStateFromSnapshot(t *testing.T) {
 	mustDo(s.AddNode("n"))
 	mustDo(s.AddENI("n", datastore.ENI{ID: "a", SubnetID: "s1", PrimaryIP: netip.MustParseAddr("10.0.0.1"), Capacity: 8}))
 	mustDo(s.AddENI("n", datastore.ENI{ID: "b", SubnetID: "s2", PrimaryIP: netip.MustParseAddr("10.0.1.1")}))
-	mustDo(s.AddIPs("n", "a", []netip.Addr{netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("10.0.0.11"), netip.MustParseAddr("10.0.0.12")}, t0))
+	addrs := []netip.Addr{netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("10.0.0.11"), netip.MustParseAddr("10.0.0.12")}
+	mustDo(s.AddIPs("n", "a", addrs, t0))
 	_, err = s.Allocate("n", datastore.Request{Owner: datastore.Owner{Namespace: "ns", Name: "p", ContainerID: "c"}}, t0)
 	mustDo(err)
 	_, err = s.Hold("n", []netip.Addr{netip.MustParseAddr("10.0.0.12")}, datastore.HoldReleasing)

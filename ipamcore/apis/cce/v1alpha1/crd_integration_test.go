@@ -307,7 +307,8 @@ func TestCRDs_Informer_ListAndWatch(t *testing.T) {
 	if _, err := cs.CceV1alpha1().WorkloadEndpoints(ns).Update(ctx, wep, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := cs.CceV1alpha1().WorkloadEndpoints(ns).Delete(ctx, wep.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+	now := metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}
+	if err := cs.CceV1alpha1().WorkloadEndpoints(ns).Delete(ctx, wep.Name, now); err != nil {
 		t.Fatal(err)
 	}
 	if err := cs.CceV1alpha1().Subnets(ns).Delete(ctx, subnet.Name, metav1.DeleteOptions{}); err != nil {
@@ -349,8 +350,10 @@ func TestCRDs_RejectCorruptObjects(t *testing.T) {
 		{"pool priority is a string", "ippools", `{"spec":{"priority":"high"}}`, "spec.priority"},
 		{"pool subnets is a string", "ippools", `{"spec":{"eni":{"subnets":"sbn-1"}}}`, "spec.eni.subnets"},
 		{"pool range version is a string", "ippools", `{"spec":{"ipv4Ranges":[{"version":"4"}]}}`, "spec.ipv4Ranges[0].version"},
-		{"pool interfaceIndex is a string", "ippools", `{"status":{"eni":{"enis":{"eni-1":{"interfaceIndex":"three"}}}}}`, "status.eni.enis.eni-1.interfaceIndex"},
-		{"pool address isPrimary is a string", "ippools", `{"status":{"eni":{"enis":{"eni-1":{"addresses":[{"isPrimary":"yes"}]}}}}}`, "isPrimary"},
+		{"pool interfaceIndex is a string", "ippools",
+			`{"status":{"eni":{"enis":{"eni-1":{"interfaceIndex":"three"}}}}}`, "status.eni.enis.eni-1.interfaceIndex"},
+		{"pool address isPrimary is a string", "ippools",
+			`{"status":{"eni":{"enis":{"eni-1":{"addresses":[{"isPrimary":"yes"}]}}}}}`, "isPrimary"},
 		{"subnet availableIPNum is a string", "subnets", `{"status":{"availableIPNum":"many"}}`, "status.availableIPNum"},
 		{"subnet exclusive is a string", "subnets", `{"spec":{"exclusive":"yes"}}`, "spec.exclusive"},
 	} {

@@ -23,10 +23,20 @@
 // StopServingNode waits for them (ending their contexts) and, once it has
 // returned, nothing more is sent for the node (cloudfence.go).
 //
+//	cfg := ipam.DefaultConfig()        // or RegisterFlags on the command line
+//	cfg.ClusterID, cfg.VPCID = "cce-x", "vpc-x"
 //	ip, _ := ipam.New(cfg, ipam.Deps{Kube: kc, CCE: cc, Cloud: provider}, logger, reg)
 //	go ip.Run(ctx)                     // informers + pool workers
 //	_ = ip.ServeNode(ctx, "10.0.1.7")  // rebuild from cloud + weps
-//	rpc.RegisterCNIBackendServer(grpcServer, cni.NewServer(cniCfg, ip, logger, reg))
+//	rpc.RegisterCNIBackendServer(grpcServer, cni.NewServer(cni.DefaultConfig(), ip, logger, reg))
+//
+// A refusal for a node this replica does not serve (ErrNodeNotServed,
+// ErrFenced) is a podip.ErrNotHere: the caller routes the call again.
+//
+// The fast tests (fast_test.go, plain go test) drive the allocation,
+// rollback, release and GC paths against an in-process bce-sim, fake
+// clientsets and a fake clock; the integration tests (tag integration) add
+// the real API server's semantics.
 //
 // The WorkloadEndpoint is the commit point of an allocation: the datastore
 // marks an IP assigned first, the wep Create commits it, and a failed Create

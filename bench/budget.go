@@ -43,7 +43,6 @@ const budgetWorkers = 24
 // gracefully, one is SIGKILLed and started again; then only the nodes of
 // one replica get churn while the others idle.
 func (e *env) runBudget(ctx context.Context, nodes []string) (*budgetResult, error) {
-	p := e.cfg.Profile
 	if err := e.atLeastReplicas(ctx, 3); err != nil {
 		return nil, err
 	}
@@ -63,38 +62,52 @@ func (e *env) runBudget(ctx context.Context, nodes []string) (*budgetResult, err
 	}
 	defer func() { _ = e.simLimits(context.WithoutCancel(ctx), true) }()
 
+	if err := e.budgetJoinLeave(ctx, res, nodes); err != nil {
+		return nil, err
+	}
+	if err := e.budgetBusyAlone(ctx, res, nodes); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// budgetJoinLeave churns on every node for Profile.BudgetLoad while a
+// replica joins, leaves gracefully, and one is SIGKILLed and started again;
+// it records the events and the busiest second at bce-sim.
+func (e *env) budgetJoinLeave(ctx context.Context, res *budgetResult, nodes []string) error {
+	p := e.cfg.Profile
 	res.start = time.Now()
 	ch := e.startChurn(ctx, budgetWorkers, func() []string { return nodes }, 1)
 	step := p.BudgetLoad / 6
 	mark := func(name string) {
-		res.events = append(res.events, event{time.Now(), name})
+		res.events = append(res.events, event{at: time.Now(), name: name})
 		e.log.Info("budget phase", "event", name)
 	}
 	sleep(ctx, step)
 	joined, err := e.f.AddReplica(ctx)
 	if err != nil {
 		ch.stop()
-		return nil, err
+		return err
 	}
 	mark(fmt.Sprintf("r%d joins", joined.Index()))
 	sleep(ctx, step)
 	mark(fmt.Sprintf("r%d leaves", joined.Index()))
 	if err := joined.Remove(); err != nil {
 		ch.stop()
-		return nil, err
+		return err
 	}
 	sleep(ctx, step)
 	crash := e.f.Replica(1)
 	mark(fmt.Sprintf("r%d SIGKILL", crash.Index()))
 	if err := crash.Kill(); err != nil {
 		ch.stop()
-		return nil, err
+		return err
 	}
 	sleep(ctx, step)
 	mark(fmt.Sprintf("r%d restarts", crash.Index()))
 	if err := crash.Start(ctx); err != nil {
 		ch.stop()
-		return nil, err
+		return err
 	}
 	sleep(ctx, max(0, time.Until(res.start.Add(p.BudgetLoad))))
 	ch.stop()
@@ -102,26 +115,31 @@ func (e *env) runBudget(ctx context.Context, nodes []string) (*budgetResult, err
 	res.allocs, res.lost = ch.allocs.Load(), ch.lost.Load()
 	st, err := e.f.SimStats(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	res.perSecond = secondsIn(st.All.PerSecond, res.start, res.end)
 	for _, s := range res.perSecond {
 		res.maxSecond = max(res.maxSecond, s.Calls)
 	}
+	return nil
+}
 
-	// One busy replica, the others idle.
+// budgetBusyAlone churns only on replica 0's nodes for Profile.BusyAlone
+// while the others idle, and records its budget share and the calls per
+// second at bce-sim.
+func (e *env) budgetBusyAlone(ctx context.Context, res *budgetResult, nodes []string) error {
 	if _, err := e.settle(ctx, len(e.f.Nodes()), 3*time.Minute); err != nil {
-		return nil, err
+		return err
 	}
 	sleep(ctx, 5*time.Second) // let the pools refill after the churn
 	busy := e.f.Replica(0)
 	name, err := self(ctx, busy)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	holders, err := e.holders(ctx, busy, nodes)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var mine []string
 	for _, n := range sortedKeys(holders) {
@@ -131,15 +149,15 @@ func (e *env) runBudget(ctx context.Context, nodes []string) (*budgetResult, err
 	}
 	res.busyReplica, res.busyNodes = busy.Index(), len(mine)
 	res.busyStart = time.Now()
-	ch = e.startChurn(ctx, budgetWorkers, func() []string { return mine }, 1)
-	sleep(ctx, p.BusyAlone)
+	ch := e.startChurn(ctx, budgetWorkers, func() []string { return mine }, 1)
+	sleep(ctx, e.cfg.Profile.BusyAlone)
 	res.busyShare, _ = busy.Metric(ctx, "cce_ipam_shard_budget_rate", nil)
 	res.busyShareBurst, _ = busy.Metric(ctx, "cce_ipam_shard_budget_burst", nil)
 	ch.stop()
 	res.busyEnd = time.Now()
-	st, err = e.f.SimStats(ctx)
+	st, err := e.f.SimStats(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	// Skip the first two seconds (the burst) for the mean.
 	res.busyPerSecond = secondsIn(st.All.PerSecond, res.busyStart, res.busyEnd)
@@ -155,7 +173,7 @@ func (e *env) runBudget(ctx context.Context, nodes []string) (*budgetResult, err
 	if n > 0 {
 		res.busyMean = sum / float64(n)
 	}
-	return res, nil
+	return nil
 }
 
 // secondsIn returns the seconds in [from, to], zero-filled.

@@ -81,40 +81,18 @@ func (e *env) runFailover(ctx context.Context, nodes []string) (*failoverResult,
 	return res, err
 }
 
+// killOnce SIGKILLs the replica owning the most nodes and measures, per
+// victim node, how long a probe ADD takes to succeed again, and when the
+// survivors' memberlist declares the victim dead.
 func (e *env) killOnce(ctx context.Context, nodes []string) (failoverRepeat, error) {
 	var fr failoverRepeat
-	run := e.running()
-	owned := map[int]float64{}
-	var victim *fleet.Replica
-	for _, r := range run {
-		v, err := r.Metric(ctx, "cce_ipam_shard_owned_nodes", nil)
-		if err != nil {
-			return fr, err
-		}
-		owned[r.Index()] = v
-		if victim == nil || v > owned[victim.Index()] {
-			victim = r
-		}
-	}
-	var survivors []*fleet.Replica
-	for _, r := range run {
-		if r != victim {
-			survivors = append(survivors, r)
-		}
-	}
-	name, err := self(ctx, victim)
+	victim, survivors, err := e.pickVictim(ctx)
 	if err != nil {
 		return fr, err
 	}
-	holders, err := e.holders(ctx, survivors[0], nodes)
+	victimNodes, err := e.nodesOf(ctx, victim, survivors[0], nodes)
 	if err != nil {
 		return fr, err
-	}
-	var victimNodes []string
-	for _, n := range sortedKeys(holders) {
-		if holders[n] == name {
-			victimNodes = append(victimNodes, n)
-		}
 	}
 	fr.victim, fr.victimNodes = victim.Index(), len(victimNodes)
 	probes, err := e.drv.createPods(ctx, "probe", victimNodes, 1, 16)
@@ -138,45 +116,98 @@ func (e *env) killOnce(ctx context.Context, nodes []string) (failoverRepeat, err
 		wg sync.WaitGroup
 	)
 	for _, pd := range probes {
-		wg.Go(func() {
-			cid := e.drv.containerID()
-			ip, err := e.drv.allocateRetry(ctx, target, pd, cid, recoveryTimeout)
-			took := time.Since(fr.killedAt)
-			mu.Lock()
-			if err != nil {
-				fr.unrecovered++
-			} else {
-				fr.recovered = append(fr.recovered, took)
-			}
-			mu.Unlock()
-			if err == nil {
-				_ = e.drv.release(context.WithoutCancel(ctx), target, pd, cid, ip, time.Minute)
-			}
-		})
+		wg.Go(func() { e.probeRecovery(ctx, target, pd, &fr, &mu) })
 	}
-	wg.Go(func() {
-		seen := map[int]bool{}
-		deadline := fr.killedAt.Add(recoveryTimeout)
-		for len(seen) < len(survivors) && time.Now().Before(deadline) && ctx.Err() == nil {
-			for _, r := range survivors {
-				if seen[r.Index()] {
-					continue
-				}
-				v, err := r.Metric(ctx, "cce_ipam_membership_events_total", map[string]string{"type": "fail"})
-				if err == nil && v > fails0[r.Index()] {
-					seen[r.Index()] = true
-					d := time.Since(fr.killedAt)
-					mu.Lock()
-					if fr.detectFirst == 0 {
-						fr.detectFirst = d
-					}
-					fr.detectLast = d
-					mu.Unlock()
-				}
-			}
-			sleep(ctx, 100*time.Millisecond)
-		}
-	})
+	wg.Go(func() { watchFailDetection(ctx, survivors, fails0, &fr, &mu) })
 	wg.Wait()
 	return fr, ctx.Err()
+}
+
+// pickVictim returns the running replica owning the most nodes and the
+// others.
+func (e *env) pickVictim(ctx context.Context) (victim *fleet.Replica, survivors []*fleet.Replica, err error) {
+	run := e.running()
+	owned := map[int]float64{}
+	for _, r := range run {
+		v, err := r.Metric(ctx, "cce_ipam_shard_owned_nodes", nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		owned[r.Index()] = v
+		if victim == nil || v > owned[victim.Index()] {
+			victim = r
+		}
+	}
+	for _, r := range run {
+		if r != victim {
+			survivors = append(survivors, r)
+		}
+	}
+	return victim, survivors, nil
+}
+
+// nodesOf returns the nodes that replica r holds, as asker sees them.
+func (e *env) nodesOf(ctx context.Context, r, asker *fleet.Replica, nodes []string) ([]string, error) {
+	name, err := self(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	holders, err := e.holders(ctx, asker, nodes)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, n := range sortedKeys(holders) {
+		if holders[n] == name {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// probeRecovery retries the probe pod's ADD from the kill until it
+// succeeds (recorded in fr.recovered) or recoveryTimeout passes
+// (fr.unrecovered), then releases the IP.
+func (e *env) probeRecovery(ctx context.Context, target func() string, pd pod, fr *failoverRepeat, mu *sync.Mutex) {
+	cid := e.drv.containerID()
+	ip, err := e.drv.allocateRetry(ctx, target, pd, cid, recoveryTimeout)
+	took := time.Since(fr.killedAt)
+	mu.Lock()
+	if err != nil {
+		fr.unrecovered++
+	} else {
+		fr.recovered = append(fr.recovered, took)
+	}
+	mu.Unlock()
+	if err == nil {
+		_ = e.drv.release(context.WithoutCancel(ctx), target, pd, cid, ip, time.Minute)
+	}
+}
+
+// watchFailDetection polls the survivors' memberlist fail-event counters
+// every 100 ms until each counted one more than fails0 (or recoveryTimeout
+// passes), recording the first and last detection in fr.
+func watchFailDetection(ctx context.Context, survivors []*fleet.Replica, fails0 map[int]float64,
+	fr *failoverRepeat, mu *sync.Mutex) {
+	seen := map[int]bool{}
+	deadline := fr.killedAt.Add(recoveryTimeout)
+	for len(seen) < len(survivors) && time.Now().Before(deadline) && ctx.Err() == nil {
+		for _, r := range survivors {
+			if seen[r.Index()] {
+				continue
+			}
+			v, err := r.Metric(ctx, "cce_ipam_membership_events_total", map[string]string{"type": "fail"})
+			if err == nil && v > fails0[r.Index()] {
+				seen[r.Index()] = true
+				d := time.Since(fr.killedAt)
+				mu.Lock()
+				if fr.detectFirst == 0 {
+					fr.detectFirst = d
+				}
+				fr.detectLast = d
+				mu.Unlock()
+			}
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
 }

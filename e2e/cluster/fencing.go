@@ -40,51 +40,10 @@ func (c *Cluster) InstallFencingPolicyAllNamespaces(ctx context.Context, chartDi
 }
 
 func (c *Cluster) installFencingPolicy(ctx context.Context, chartDir, namespace, wepNamespace string) (string, func(), error) {
-	binDir := c.binDir
-	full := "fence-" + namespace
-	if len(full) > 52 {
-		full = full[:52]
-	}
-	full = strings.TrimRight(full, "-")
-	args := []string{"template", "rel", chartDir,
-		"--namespace", namespace, "--show-only", "templates/fencing-policy.yaml",
-		"--set", "cluster.id=c,cluster.vpcID=v,bce.region=bj,fullnameOverride=" + full,
-		"--set", "fencing.user=" + ReplicaUser}
-	if wepNamespace != "" {
-		args = append(args, "--set-string", `fencing.namespaceSelector.matchLabels.kubernetes\.io/metadata\.name=`+wepNamespace)
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "helm"), args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	policies, bindings, err := c.renderFencingPolicy(ctx, chartDir, namespace, wepNamespace)
 	if err != nil {
-		return "", nil, fmt.Errorf("helm template: %w: %s", err, stderr.String())
+		return "", nil, err
 	}
-	var policies []admissionv1.ValidatingAdmissionPolicy
-	var bindings []admissionv1.ValidatingAdmissionPolicyBinding
-	for _, doc := range strings.Split(string(out), "\n---") {
-		var meta metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			return "", nil, err
-		}
-		switch meta.Kind {
-		case "ValidatingAdmissionPolicy":
-			var p admissionv1.ValidatingAdmissionPolicy
-			err = yaml.UnmarshalStrict([]byte(doc), &p)
-			policies = append(policies, p)
-		case "ValidatingAdmissionPolicyBinding":
-			var b admissionv1.ValidatingAdmissionPolicyBinding
-			err = yaml.UnmarshalStrict([]byte(doc), &b)
-			bindings = append(bindings, b)
-		}
-		if err != nil {
-			return "", nil, fmt.Errorf("decode %s: %w", meta.Kind, err)
-		}
-	}
-	if len(policies) == 0 || len(bindings) == 0 {
-		return "", nil, fmt.Errorf("helm template rendered no fencing policy and bindings:\n%s", out)
-	}
-	name := policies[0].Name
 	adm := kubernetes.NewForConfigOrDie(c.Config).AdmissionregistrationV1()
 	cleanup := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -108,13 +67,77 @@ func (c *Cluster) installFencingPolicy(ctx context.Context, chartDir, namespace,
 			return "", nil, err
 		}
 	}
-	// Enforced once a token-less wep write of the replicas' user is refused,
-	// and one under a holder that claims nothing (the last partition's
-	// binding; its claim may not even exist).
+	if err := c.waitFencingEnforced(ctx, namespace, bindings); err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	return policies[0].Name, cleanup, nil
+}
+
+// renderFencingPolicy renders the chart's fencing-policy.yaml with bin/helm
+// and decodes its policies and bindings.
+func (c *Cluster) renderFencingPolicy(ctx context.Context, chartDir, namespace, wepNamespace string) (
+	[]admissionv1.ValidatingAdmissionPolicy, []admissionv1.ValidatingAdmissionPolicyBinding, error) {
+	full := "fence-" + namespace
+	if len(full) > 52 {
+		full = full[:52]
+	}
+	full = strings.TrimRight(full, "-")
+	args := []string{"template", "rel", chartDir,
+		"--namespace", namespace, "--show-only", "templates/fencing-policy.yaml",
+		"--set", "cluster.id=c,cluster.vpcID=v,bce.region=bj,fullnameOverride=" + full,
+		"--set", "fencing.user=" + ReplicaUser}
+	if wepNamespace != "" {
+		args = append(args, "--set-string", `fencing.namespaceSelector.matchLabels.kubernetes\.io/metadata\.name=`+wepNamespace)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, "helm"), args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, nil, fmt.Errorf("helm template: %w: %s", err, stderr.String())
+	}
+	var policies []admissionv1.ValidatingAdmissionPolicy
+	var bindings []admissionv1.ValidatingAdmissionPolicyBinding
+	for _, doc := range strings.Split(string(out), "\n---") {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			return nil, nil, err
+		}
+		switch meta.Kind {
+		case "ValidatingAdmissionPolicy":
+			var p admissionv1.ValidatingAdmissionPolicy
+			err = yaml.UnmarshalStrict([]byte(doc), &p)
+			policies = append(policies, p)
+		case "ValidatingAdmissionPolicyBinding":
+			var b admissionv1.ValidatingAdmissionPolicyBinding
+			err = yaml.UnmarshalStrict([]byte(doc), &b)
+			bindings = append(bindings, b)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("decode %s: %w", meta.Kind, err)
+		}
+	}
+	if len(policies) == 0 || len(bindings) == 0 {
+		return nil, nil, fmt.Errorf("helm template rendered no fencing policy and bindings:\n%s", out)
+	}
+	return policies, bindings, nil
+}
+
+// waitFencingEnforced waits until the API server refuses a token-less wep
+// write of the replicas' user, and one under a holder that claims nothing
+// (the last partition's binding; its claim may not even exist).
+func (c *Cluster) waitFencingEnforced(ctx context.Context, namespace string,
+	bindings []admissionv1.ValidatingAdmissionPolicyBinding) error {
 	probe := versioned.NewForConfigOrDie(c.ReplicaConfig).CceV1alpha1().WorkloadEndpoints(namespace)
 	w := &cce.WorkloadEndpoint{
 		ObjectMeta: metav1.ObjectMeta{Name: "fencing-policy-probe", Namespace: namespace},
-		Spec:       cce.WorkloadEndpointSpec{ContainerID: "probe", IP: "127.0.0.1", Type: cce.WorkloadEndpointTypePod, Node: "probe"},
+		Spec: cce.WorkloadEndpointSpec{
+			ContainerID: "probe",
+			IP:          "127.0.0.1",
+			Type:        cce.WorkloadEndpointTypePod,
+			Node:        "probe",
+		},
 	}
 	last := len(bindings) - 1
 	for last > 0 && bindings[last].Spec.ParamRef == nil {
@@ -125,15 +148,18 @@ func (c *Cluster) installFencingPolicy(ctx context.Context, chartDir, namespace,
 	stamped.Labels = map[string]string{"cce.io/fence-partition": p}
 	stamped.Annotations = map[string]string{"cce.io/fence-holder": "nobody-probe", "cce.io/fence-epoch": "0"}
 	var lastErr error
+	refused := func(ctx context.Context, obj *cce.WorkloadEndpoint) (bool, error) {
+		_, lastErr = probe.Create(ctx, obj, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return (apierrors.IsForbidden(lastErr) || apierrors.IsInvalid(lastErr)) &&
+			strings.Contains(lastErr.Error(), "ValidatingAdmissionPolicy"), nil
+	}
 	for _, obj := range []*cce.WorkloadEndpoint{w, stamped} {
-		err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			_, lastErr = probe.Create(ctx, obj, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-			return (apierrors.IsForbidden(lastErr) || apierrors.IsInvalid(lastErr)) && strings.Contains(lastErr.Error(), "ValidatingAdmissionPolicy"), nil
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			return refused(ctx, obj)
 		})
 		if err != nil {
-			cleanup()
-			return "", nil, fmt.Errorf("fencing policy not enforced (last probe: %v): %w", lastErr, err)
+			return fmt.Errorf("fencing policy not enforced (last probe: %v): %w", lastErr, err)
 		}
 	}
-	return name, cleanup, nil
+	return nil
 }

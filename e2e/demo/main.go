@@ -227,13 +227,15 @@ type replicaSample struct {
 func live(ctx context.Context, f *fleet.Fleet, o options) error {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	opts := f.Options()
-	budget := fmt.Sprintf("budget %.0f/s + burst %d", opts.BCERate, opts.BCEBurst)
-	prev := map[int]replicaSample{}
-	var prevBuckets map[float64]float64
-	prevAt := time.Now()
+	v := &liveView{
+		f:       f,
+		budget:  fmt.Sprintf("budget %.0f/s + burst %d", opts.BCERate, opts.BCEBurst),
+		prev:    map[int]replicaSample{},
+		prevAt:  time.Now(),
+		started: time.Now(),
+	}
 	target := max(o.pods/2, 1)
 	lastScale := time.Time{}
-	started := time.Now()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -249,90 +251,117 @@ func live(ctx context.Context, f *fleet.Fleet, o options) error {
 			lastScale = time.Now()
 		}
 		deleteSome(ctx, f.Kube, rng, max(target/50, 1)) // the Deployment replaces them: steady churn
-		now := time.Now()
-		dt := now.Sub(prevAt).Seconds()
-		prevAt = now
-
-		var b strings.Builder
-		b.WriteString("\033[H\033[2J")
-		fmt.Fprintf(&b, "cce-ipam demo: %d replicas, %d nodes, up %s   (Ctrl-C stops everything)\n\n",
-			len(f.Live()), len(f.Nodes()), time.Since(started).Round(time.Second))
-		fmt.Fprintf(&b, "%-8s %-8s %-6s %6s %8s %9s %9s  %s\n", "replica", "pid", "state", "nodes", "members", "allocs/s", "fwd/s", "metrics")
-		buckets := map[float64]float64{}
-		var allocRate float64
-		for _, r := range f.Live() {
-			cur := replicaSample{}
-			ss, err := r.Metrics(ctx)
-			state := "down"
-			if err == nil {
-				state = "ready"
-				if !r.Ready() {
-					state = "busy"
-				}
-				cur.ok = true
-				cur.owned, _ = ss.Sum("cce_ipam_shard_owned_nodes", nil)
-				cur.member, _ = ss.Sum("cce_ipam_shard_members", nil)
-				cur.allocs, _ = ss.Sum("cce_ipam_allocations_total", map[string]string{"result": "ok"})
-				cur.fwd, _ = ss.Sum("cce_ipam_shard_forwarded_requests_total", nil)
-				for le, v := range ss.Buckets("cce_ipam_cni_request_duration_seconds", map[string]string{"method": "AllocateIP"}) {
-					buckets[le] += v
-				}
-			}
-			p := prev[r.Index()]
-			rate := func(c, q float64) float64 {
-				if !p.ok || !cur.ok || dt <= 0 || c < q {
-					return 0
-				}
-				return (c - q) / dt
-			}
-			ar := rate(cur.allocs, p.allocs)
-			allocRate += ar
-			fmt.Fprintf(&b, "r%-7d %-8d %-6s %6.0f %8.0f %9.1f %9.1f  %s\n", r.Index(), r.PID(), state, cur.owned, cur.member,
-				ar, rate(cur.fwd, p.fwd), r.MetricsURL())
-			prev[r.Index()] = cur
-		}
-		p50, p99 := math.NaN(), math.NaN()
-		if prevBuckets != nil {
-			delta := map[float64]float64{}
-			for le, v := range buckets {
-				delta[le] = v - prevBuckets[le]
-			}
-			p50, p99 = fleet.HistogramQuantile(0.5, delta), fleet.HistogramQuantile(0.99, delta)
-		}
-		prevBuckets = buckets
-		fmt.Fprintf(&b, "\nallocations: %.1f/s   CNI AllocateIP latency (last second, all replicas): p50 %s  p99 %s\n",
-			allocRate, ms(p50), ms(p99))
-		if st, err := f.SimStats(ctx); err == nil {
-			var last int64
-			for _, s := range st.All.PerSecond {
-				if s.Unix == now.Unix()-1 {
-					last = s.Calls
-				}
-			}
-			fmt.Fprintf(&b, "BCE calls at bce-sim: %d/s (%s), busiest second %d, throttled (429) %d of %d\n",
-				last, budget, st.All.MaxPerSecond(), st.All.Throttled, st.All.Calls)
-		}
-		if pods, err := f.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err == nil {
-			running := 0
-			for _, p := range pods.Items {
-				if p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
-					running++
-				}
-			}
-			fmt.Fprintf(&b, "pods: %d Running of %d (web scaled to %d every 5s, %d deleted per second; db 3 fixed-IP)\n", running, len(pods.Items), target, max(target/50, 1))
-		}
-		if k := f.Kubelet(); k != nil {
-			ks := k.Stats()
-			fmt.Fprintf(&b, "kubelet-sim: %d allocations, %d failed and retried, %d releases; since start p50 %s p99 %s\n",
-				ks.Allocations, ks.AllocationErrors, ks.Releases, ks.AllocateLatency.P50.Round(time.Microsecond*100),
-				ks.AllocateLatency.P99.Round(time.Microsecond*100))
-		}
-		fmt.Fprintf(&b, "\nkubeconfig: %s   logs: %s\n", f.Kubeconfig, f.Dir)
+		frame := v.frame(ctx, target)
 		if ctx.Err() != nil {
-			continue // stopping: the scrapes above were cut short
+			continue // stopping: the scrapes were cut short
 		}
-		fmt.Print(b.String())
+		fmt.Print(frame)
 	}
+}
+
+// liveView draws the demo's screen; it keeps the previous scrape of each
+// replica for the rates.
+type liveView struct {
+	f           *fleet.Fleet
+	budget      string
+	prev        map[int]replicaSample
+	prevBuckets map[float64]float64
+	prevAt      time.Time
+	started     time.Time
+}
+
+// frame scrapes everything once and returns the screen.
+func (v *liveView) frame(ctx context.Context, target int) string {
+	f := v.f
+	now := time.Now()
+	dt := now.Sub(v.prevAt).Seconds()
+	v.prevAt = now
+
+	var b strings.Builder
+	b.WriteString("\033[H\033[2J")
+	fmt.Fprintf(&b, "cce-ipam demo: %d replicas, %d nodes, up %s   (Ctrl-C stops everything)\n\n",
+		len(f.Live()), len(f.Nodes()), time.Since(v.started).Round(time.Second))
+	allocRate, buckets := v.replicaTable(ctx, &b, dt)
+	p50, p99 := math.NaN(), math.NaN()
+	if v.prevBuckets != nil {
+		delta := map[float64]float64{}
+		for le, x := range buckets {
+			delta[le] = x - v.prevBuckets[le]
+		}
+		p50, p99 = fleet.HistogramQuantile(0.5, delta), fleet.HistogramQuantile(0.99, delta)
+	}
+	v.prevBuckets = buckets
+	fmt.Fprintf(&b, "\nallocations: %.1f/s   CNI AllocateIP latency (last second, all replicas): p50 %s  p99 %s\n",
+		allocRate, ms(p50), ms(p99))
+	if st, err := f.SimStats(ctx); err == nil {
+		var last int64
+		for _, s := range st.All.PerSecond {
+			if s.Unix == now.Unix()-1 {
+				last = s.Calls
+			}
+		}
+		fmt.Fprintf(&b, "BCE calls at bce-sim: %d/s (%s), busiest second %d, throttled (429) %d of %d\n",
+			last, v.budget, st.All.MaxPerSecond(), st.All.Throttled, st.All.Calls)
+	}
+	if pods, err := f.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err == nil {
+		running := 0
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+				running++
+			}
+		}
+		fmt.Fprintf(&b, "pods: %d Running of %d (web scaled to %d every 5s, %d deleted per second; db 3 fixed-IP)\n",
+			running, len(pods.Items), target, max(target/50, 1))
+	}
+	if k := f.Kubelet(); k != nil {
+		ks := k.Stats()
+		fmt.Fprintf(&b, "kubelet-sim: %d allocations, %d failed and retried, %d releases; since start p50 %s p99 %s\n",
+			ks.Allocations, ks.AllocationErrors, ks.Releases, ks.AllocateLatency.P50.Round(time.Microsecond*100),
+			ks.AllocateLatency.P99.Round(time.Microsecond*100))
+	}
+	fmt.Fprintf(&b, "\nkubeconfig: %s   logs: %s\n", f.Kubeconfig, f.Dir)
+	return b.String()
+}
+
+// replicaTable writes one line per live replica (rates over the dt seconds
+// since the previous frame) and returns the summed allocation rate and the
+// summed AllocateIP latency buckets.
+func (v *liveView) replicaTable(ctx context.Context, b *strings.Builder, dt float64) (float64, map[float64]float64) {
+	fmt.Fprintf(b, "%-8s %-8s %-6s %6s %8s %9s %9s  %s\n", "replica", "pid", "state", "nodes", "members", "allocs/s", "fwd/s", "metrics")
+	buckets := map[float64]float64{}
+	var allocRate float64
+	for _, r := range v.f.Live() {
+		cur := replicaSample{}
+		ss, err := r.Metrics(ctx)
+		state := "down"
+		if err == nil {
+			state = "ready"
+			if !r.Ready() {
+				state = "busy"
+			}
+			cur.ok = true
+			cur.owned, _ = ss.Sum("cce_ipam_shard_owned_nodes", nil)
+			cur.member, _ = ss.Sum("cce_ipam_shard_members", nil)
+			cur.allocs, _ = ss.Sum("cce_ipam_allocations_total", map[string]string{"result": "ok"})
+			cur.fwd, _ = ss.Sum("cce_ipam_shard_forwarded_requests_total", nil)
+			for le, x := range ss.Buckets("cce_ipam_cni_request_duration_seconds", map[string]string{"method": "AllocateIP"}) {
+				buckets[le] += x
+			}
+		}
+		p := v.prev[r.Index()]
+		rate := func(c, q float64) float64 {
+			if !p.ok || !cur.ok || dt <= 0 || c < q {
+				return 0
+			}
+			return (c - q) / dt
+		}
+		ar := rate(cur.allocs, p.allocs)
+		allocRate += ar
+		fmt.Fprintf(b, "r%-7d %-8d %-6s %6.0f %8.0f %9.1f %9.1f  %s\n", r.Index(), r.PID(), state, cur.owned, cur.member,
+			ar, rate(cur.fwd, p.fwd), r.MetricsURL())
+		v.prev[r.Index()] = cur
+	}
+	return allocRate, buckets
 }
 
 // deleteSome deletes n random Running web pods.

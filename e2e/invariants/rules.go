@@ -30,7 +30,11 @@ type rules struct {
 }
 
 func newRules(cfg Config) *rules {
-	return &rules{cfg: cfg, orphanSince: map[string]time.Time{}, ghostSince: map[string]time.Time{}}
+	return &rules{
+		cfg:         cfg,
+		orphanSince: map[string]time.Time{},
+		ghostSince:  map[string]time.Time{},
+	}
 }
 
 func key(namespace, name string) string { return namespace + "/" + name }
@@ -81,54 +85,86 @@ func live(p *corev1.Pod) bool {
 	return !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 }
 
+// indexed is a snapshot keyed for the rules: in-scope nodes by name, the
+// addresses on each instance's in-use ENIs, every wep and the checked pods
+// by namespace/name.
+type indexed struct {
+	nodes    map[string]*corev1.Node
+	cloudIPs map[string]map[string]bool // instance → addresses
+	weps     map[string]*cce.WorkloadEndpoint
+	pods     map[string]*corev1.Pod
+}
+
 func (r *rules) evaluate(s snapshot) Violations {
-	var out Violations
-	nodes := map[string]*corev1.Node{}
+	x := r.index(s)
+	out := x.duplicateIPs()
+	for k, p := range x.pods {
+		out = append(out, r.checkRunningPod(k, p, x.weps[k], x.nodes, x.cloudIPs)...)
+	}
+	out = append(out, r.orphanWEPs(x, s.now)...)
+	if r.cfg.WEPAddresses {
+		out = append(out, r.checkWEPAddresses(s, x.nodes, x.cloudIPs, x.weps, x.pods)...)
+	}
+	if b := r.cfg.Pool; b != nil {
+		out = append(out, x.poolBounds(b)...)
+	}
+	out.sort()
+	return out
+}
+
+func (r *rules) index(s snapshot) indexed {
+	x := indexed{
+		nodes:    map[string]*corev1.Node{},
+		cloudIPs: map[string]map[string]bool{},
+		weps:     map[string]*cce.WorkloadEndpoint{},
+		pods:     map[string]*corev1.Pod{},
+	}
 	for i := range s.nodes {
 		if r.inScope(&s.nodes[i]) {
-			nodes[s.nodes[i].Name] = &s.nodes[i]
+			x.nodes[s.nodes[i].Name] = &s.nodes[i]
 		}
 	}
 	// Cloud addresses per instance, on in-use ENIs only.
-	cloudIPs := map[string]map[string]bool{}
 	for _, e := range s.enis {
 		if !e.InUse || e.InstanceID == "" {
 			continue
 		}
-		m := cloudIPs[e.InstanceID]
+		m := x.cloudIPs[e.InstanceID]
 		if m == nil {
 			m = map[string]bool{}
-			cloudIPs[e.InstanceID] = m
+			x.cloudIPs[e.InstanceID] = m
 		}
 		for _, ip := range e.IPs {
 			m[canon(ip)] = true
 		}
 	}
-	weps := map[string]*cce.WorkloadEndpoint{}
 	for i := range s.weps {
 		w := &s.weps[i]
-		weps[key(w.Namespace, w.Name)] = w
+		x.weps[key(w.Namespace, w.Name)] = w
 	}
-	pods := map[string]*corev1.Pod{}
 	for i := range s.pods {
 		p := &s.pods[i]
 		if r.inNamespace(p.Namespace) {
-			pods[key(p.Namespace, p.Name)] = p
+			x.pods[key(p.Namespace, p.Name)] = p
 		}
 	}
+	return x
+}
 
-	// (a) no two live pods share an IP. A terminating pod holds its IP
-	// only while its wep still names it: once the wep is gone (or names
-	// another IP) its sandbox was torn down (CNI DEL) and the IPAM may give
-	// the address out again, though the pod object, waiting for its
-	// kubelet to remove it, still shows the IP in its status.
+// duplicateIPs applies (a): no two live pods share an IP. A terminating pod
+// holds its IP only while its wep still names it: once the wep is gone (or
+// names another IP) its sandbox was torn down (CNI DEL) and the IPAM may
+// give the address out again, though the pod object, waiting for its
+// kubelet to remove it, still shows the IP in its status.
+func (x indexed) duplicateIPs() Violations {
+	var out Violations
 	holders := map[string][]string{}
-	for k, p := range pods {
+	for k, p := range x.pods {
 		if !live(p) {
 			continue
 		}
 		for _, ip := range podIPs(p) {
-			if w := weps[k]; p.DeletionTimestamp != nil && (w == nil || canon(w.Spec.IP) != canon(ip)) {
+			if w := x.weps[k]; p.DeletionTimestamp != nil && (w == nil || canon(w.Spec.IP) != canon(ip)) {
 				continue
 			}
 			holders[canon(ip)] = append(holders[canon(ip)], k)
@@ -137,35 +173,45 @@ func (r *rules) evaluate(s snapshot) Violations {
 	for ip, ps := range holders {
 		if len(ps) > 1 {
 			sort.Strings(ps)
-			out = append(out, Violation{Kind: KindDuplicateIP, IP: ip, Pods: ps,
-				Detail: "live pods share an IP"})
+			out = append(out, Violation{
+				Kind:   KindDuplicateIP,
+				IP:     ip,
+				Pods:   ps,
+				Detail: "live pods share an IP",
+			})
 		}
 	}
+	return out
+}
 
-	// (b) a Running pod's IP is its wep's and is on an ENI of its node.
-	for k, p := range pods {
-		out = append(out, r.checkRunningPod(k, p, weps[k], nodes, cloudIPs)...)
-	}
-
-	// (c) no wep without its pod past the grace.
+// orphanWEPs applies (c): no wep without its pod past the grace. It
+// remembers since when each orphan has been seen and forgets the ones that
+// are gone.
+func (r *rules) orphanWEPs(x indexed, now time.Time) Violations {
+	var out Violations
 	seen := map[string]bool{}
-	for k, w := range weps {
+	for k, w := range x.weps {
 		if !r.inNamespace(w.Namespace) || w.IsFixedStatefulSet() || w.IsCustomReuse() {
 			continue
 		}
-		if _, ok := pods[k]; ok {
+		if _, ok := x.pods[k]; ok {
 			continue
 		}
 		id := k + "/" + string(w.UID)
 		seen[id] = true
 		since, ok := r.orphanSince[id]
 		if !ok {
-			since = s.now
+			since = now
 			r.orphanSince[id] = since
 		}
-		if s.now.Sub(since) >= r.cfg.OrphanGrace {
-			out = append(out, Violation{Kind: KindOrphanWEP, WEP: k, Node: w.Spec.Node, IP: w.Spec.IP,
-				Detail: "WorkloadEndpoint without a pod for " + s.now.Sub(since).Round(time.Millisecond).String()})
+		if now.Sub(since) >= r.cfg.OrphanGrace {
+			out = append(out, Violation{
+				Kind:   KindOrphanWEP,
+				WEP:    k,
+				Node:   w.Spec.Node,
+				IP:     w.Spec.IP,
+				Detail: "WorkloadEndpoint without a pod for " + now.Sub(since).Round(time.Millisecond).String(),
+			})
 		}
 	}
 	for id := range r.orphanSince {
@@ -173,40 +219,45 @@ func (r *rules) evaluate(s snapshot) Violations {
 			delete(r.orphanSince, id)
 		}
 	}
+	return out
+}
 
-	// (e) every address a wep names is on its node's ENIs, and no two weps
-	// name one address.
-	if r.cfg.WEPAddresses {
-		out = append(out, r.checkWEPAddresses(s, nodes, cloudIPs, weps, pods)...)
-	}
-	// (d) every cloud IP on a node is assigned or idle within the bounds.
-	if b := r.cfg.Pool; b != nil {
-		assigned := map[string]map[string]bool{} // node → IPs named by a wep
-		for _, w := range weps {
-			if assigned[w.Spec.Node] == nil {
-				assigned[w.Spec.Node] = map[string]bool{}
-			}
-			assigned[w.Spec.Node][canon(w.Spec.IP)] = true
+// poolBounds applies (d): every cloud IP on a node is assigned or idle
+// within the bounds.
+func (x indexed) poolBounds(b *PoolBounds) Violations {
+	var out Violations
+	assigned := map[string]map[string]bool{} // node → IPs named by a wep
+	for _, w := range x.weps {
+		if assigned[w.Spec.Node] == nil {
+			assigned[w.Spec.Node] = map[string]bool{}
 		}
-		for name, n := range nodes {
-			var idle []string
-			for ip := range cloudIPs[instanceOf(n)] {
-				if !assigned[name][ip] {
-					idle = append(idle, ip)
-				}
-			}
-			sortIPs(idle)
-			switch {
-			case len(idle) > b.Max:
-				out = append(out, Violation{Kind: KindLeakedIPs, Node: name, IdleIPs: idle,
-					Detail: "idle cloud IPs above the pool maximum " + itoa(b.Max)})
-			case len(idle) < b.Min:
-				out = append(out, Violation{Kind: KindPoolBelowMin, Node: name, IdleIPs: idle,
-					Detail: "idle cloud IPs below the pool minimum " + itoa(b.Min)})
+		assigned[w.Spec.Node][canon(w.Spec.IP)] = true
+	}
+	for name, n := range x.nodes {
+		var idle []string
+		for ip := range x.cloudIPs[instanceOf(n)] {
+			if !assigned[name][ip] {
+				idle = append(idle, ip)
 			}
 		}
+		sortIPs(idle)
+		switch {
+		case len(idle) > b.Max:
+			out = append(out, Violation{
+				Kind:    KindLeakedIPs,
+				Node:    name,
+				IdleIPs: idle,
+				Detail:  "idle cloud IPs above the pool maximum " + itoa(b.Max),
+			})
+		case len(idle) < b.Min:
+			out = append(out, Violation{
+				Kind:    KindPoolBelowMin,
+				Node:    name,
+				IdleIPs: idle,
+				Detail:  "idle cloud IPs below the pool minimum " + itoa(b.Min),
+			})
+		}
 	}
-	out.sort()
 	return out
 }
 

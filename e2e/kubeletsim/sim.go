@@ -130,62 +130,115 @@ func (s *Simulator) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("kubeletsim: Run called twice")
 	}
-	var clients spreadClient
-	for _, ep := range endpoints {
-		conn, err := grpc.NewClient(ep, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return fmt.Errorf("kubeletsim: CNI endpoint %s: %w", ep, err)
-		}
-		defer conn.Close()
-		clients = append(clients, rpc.NewCNIBackendClient(conn))
+	clients, closeConns, err := dialCNI(endpoints)
+	if err != nil {
+		return err
 	}
+	defer closeConns()
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.deps.Kube.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 
+	inf, err := s.newInformers()
+	if err != nil {
+		return err
+	}
+	rt := &runState{
+		events: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet"}),
+		cni:    clients.client(),
+		pods:   inf.podFactory.Core().V1().Pods().Lister(),
+		index:  inf.pods.GetIndexer(),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](s.cfg.RetryBase, s.cfg.RetryMax),
+			workqueue.TypedRateLimitingQueueConfig[string]{}),
+	}
+	defer rt.queue.ShutDown()
+	if err := s.addHandlers(rt, inf); err != nil {
+		return err
+	}
+
+	inf.podFactory.Start(ctx.Done())
+	inf.nodeFactory.Start(ctx.Done())
+	defer inf.podFactory.Shutdown()
+	defer inf.nodeFactory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.pods.HasSynced, inf.nodes.HasSynced) {
+		return nil // ctx ended first
+	}
+	close(s.synced)
+	s.log.Info("kubelet simulator running", "name", s.cfg.Name, "cni", endpoints, "workers", s.cfg.Workers)
+	s.runWorkers(ctx, rt)
+	return nil
+}
+
+// dialCNI opens one gRPC connection per endpoint; closeConns closes them.
+func dialCNI(endpoints []string) (clients spreadClient, closeConns func(), err error) {
+	var conns []*grpc.ClientConn
+	closeConns = func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	for _, ep := range endpoints {
+		conn, err := grpc.NewClient(ep, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			closeConns()
+			return nil, nil, fmt.Errorf("kubeletsim: CNI endpoint %s: %w", ep, err)
+		}
+		conns = append(conns, conn)
+		clients = append(clients, rpc.NewCNIBackendClient(conn))
+	}
+	return clients, closeConns, nil
+}
+
+// simInformers watch the pods of Config.Namespace (indexed by node) and the
+// nodes labelled for this simulator, without managed fields.
+type simInformers struct {
+	podFactory, nodeFactory informers.SharedInformerFactory
+	pods, nodes             cache.SharedIndexInformer
+}
+
+func (s *Simulator) newInformers() (simInformers, error) {
 	stripManaged := func(obj any) (any, error) {
 		if m, err := meta.Accessor(obj); err == nil {
 			m.SetManagedFields(nil)
 		}
 		return obj, nil
 	}
-	podFactory := informers.NewSharedInformerFactoryWithOptions(s.deps.Kube, 0,
+	var inf simInformers
+	inf.podFactory = informers.NewSharedInformerFactoryWithOptions(s.deps.Kube, 0,
 		informers.WithNamespace(s.cfg.Namespace), informers.WithTransform(stripManaged))
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.deps.Kube, 0,
+	inf.nodeFactory = informers.NewSharedInformerFactoryWithOptions(s.deps.Kube, 0,
 		informers.WithTransform(stripManaged),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = labels.Set{LabelSimulator: s.cfg.Name}.String()
 		}))
-	podInformer := podFactory.Core().V1().Pods().Informer()
-	if err := podInformer.AddIndexers(cache.Indexers{nodeIndex: func(obj any) ([]string, error) {
+	inf.pods = inf.podFactory.Core().V1().Pods().Informer()
+	if err := inf.pods.AddIndexers(cache.Indexers{nodeIndex: func(obj any) ([]string, error) {
 		if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName != "" {
 			return []string{p.Spec.NodeName}, nil
 		}
 		return nil, nil
 	}}); err != nil {
-		return err
+		return inf, err
 	}
-	nodeInformer := nodeFactory.Core().V1().Nodes().Informer()
+	inf.nodes = inf.nodeFactory.Core().V1().Nodes().Informer()
+	return inf, nil
+}
 
-	rt := &runState{
-		events: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet"}),
-		cni:    clients.client(),
-		pods:   podFactory.Core().V1().Pods().Lister(),
-		index:  podInformer.GetIndexer(),
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](s.cfg.RetryBase, s.cfg.RetryMax),
-			workqueue.TypedRateLimitingQueueConfig[string]{}),
-	}
-	defer rt.queue.ShutDown()
-
+// addHandlers queues every pod event, and tracks the simulated nodes: a
+// node that appears (or is labelled) joins the placement and its pods are
+// looked at again; one that goes (or loses the label) leaves it.
+func (s *Simulator) addHandlers(rt *runState, inf simInformers) error {
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 			rt.queue.Add(key)
 		}
 	}
-	if _, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue, DeleteFunc: enqueue, UpdateFunc: func(_, cur any) { enqueue(cur) },
+	if _, err := inf.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueue,
+		DeleteFunc: enqueue,
+		UpdateFunc: func(_, cur any) { enqueue(cur) },
 	}); err != nil {
 		return err
 	}
@@ -211,24 +264,17 @@ func (s *Simulator) Run(ctx context.Context) error {
 			enqueue(p)
 		}
 	}
-	if _, err := nodeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	_, err := inf.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { nodeEvent(obj, true) },
 		UpdateFunc: func(_, cur any) { nodeEvent(cur, nodeDeletionTimestamp(cur) == nil) },
 		DeleteFunc: func(obj any) { nodeEvent(obj, false) },
-	}); err != nil {
-		return err
-	}
+	})
+	return err
+}
 
-	podFactory.Start(ctx.Done())
-	nodeFactory.Start(ctx.Done())
-	defer podFactory.Shutdown()
-	defer nodeFactory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced, nodeInformer.HasSynced) {
-		return nil // ctx ended first
-	}
-	close(s.synced)
-	s.log.Info("kubelet simulator running", "name", s.cfg.Name, "cni", endpoints, "workers", s.cfg.Workers)
-
+// runWorkers runs the node-lease loop and Config.Workers sync workers until
+// ctx ends, then shuts the queue down and waits for them.
+func (s *Simulator) runWorkers(ctx context.Context, rt *runState) {
 	var wg sync.WaitGroup
 	if s.cfg.NodeLeasePeriod > 0 {
 		wg.Go(func() { s.leaseLoop(ctx, s.cfg.NodeLeasePeriod) })
@@ -242,7 +288,6 @@ func (s *Simulator) Run(ctx context.Context) error {
 	<-ctx.Done()
 	rt.queue.ShutDown()
 	wg.Wait()
-	return nil
 }
 
 func (s *Simulator) processNext(ctx context.Context, rt *runState) bool {

@@ -83,12 +83,37 @@ type Stack struct {
 	t   testing.TB
 }
 
-// Start brings the stack up or fails the test.
+// Start brings the stack up or fails the test: the in-process bce-sim and
+// its client, the IPAM behind a gRPC server, then the kubelet simulator with
+// its nodes.
 func Start(t testing.TB, cfg *rest.Config, o Options) *Stack {
 	t.Helper()
 	if o.Name == "" || o.Namespace == "" {
 		t.Fatal("stack: Name and Namespace are required")
 	}
+	o.fillDefaults()
+	s := &Stack{
+		t:         t,
+		ClusterID: "cce-" + o.Name,
+		VPCID:     "vpc-" + o.Name,
+		Zone:      "cn-bj-a",
+	}
+	o.IPAM.ClusterID, o.IPAM.VPCID = s.ClusterID, s.VPCID
+	s.Opts = o
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s.ctx = ctx
+	s.Kube = kubernetes.NewForConfigOrDie(cfg)
+	s.CCE = cceclient.NewForConfigOrDie(cfg)
+
+	sg := s.startCloud(t)
+	s.startIPAM(t)
+	s.startKubelets(t, sg)
+	return s
+}
+
+// fillDefaults gives zero fields the documented defaults.
+func (o *Options) fillDefaults() {
 	if o.Nodes == 0 {
 		o.Nodes = 1
 	}
@@ -113,16 +138,13 @@ func Start(t testing.TB, cfg *rest.Config, o Options) *Stack {
 	if o.IPAM.GCPeriod == 0 {
 		o.IPAM.GCPeriod = 5 * time.Second
 	}
-	s := &Stack{t: t, ClusterID: "cce-" + o.Name, VPCID: "vpc-" + o.Name, Zone: "cn-bj-a"}
-	o.IPAM.ClusterID, o.IPAM.VPCID = s.ClusterID, s.VPCID
-	s.Opts = o
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	s.ctx = ctx
-	s.Kube = kubernetes.NewForConfigOrDie(cfg)
-	s.CCE = cceclient.NewForConfigOrDie(cfg)
+}
 
-	// Cloud.
+// startCloud starts bce-sim with the stack's subnet and security group (whose
+// ID it returns) and a BCE client without a meaningful budget.
+func (s *Stack) startCloud(t testing.TB) (securityGroup string) {
+	t.Helper()
+	o := s.Opts
 	sim, err := bcesim.New(bcesim.Config{Credentials: map[string]string{AccessKey: SecretKey}, PageSize: 100})
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +154,13 @@ func Start(t testing.TB, cfg *rest.Config, o Options) *Stack {
 	}
 	t.Cleanup(func() { _ = sim.Close() })
 	s.BCE = sim
-	if s.SubnetID, err = sim.AddSubnet(bcesim.SubnetSpec{ID: "sbn-" + o.Name, ZoneName: s.Zone, CIDR: o.SubnetCIDR, VPCID: s.VPCID}); err != nil {
+	subnet := bcesim.SubnetSpec{
+		ID:       "sbn-" + o.Name,
+		ZoneName: s.Zone,
+		CIDR:     o.SubnetCIDR,
+		VPCID:    s.VPCID,
+	}
+	if s.SubnetID, err = sim.AddSubnet(subnet); err != nil {
 		t.Fatal(err)
 	}
 	sg, err := sim.AddSecurityGroup(bcesim.SecurityGroupSpec{ID: "g-" + o.Name, VPCID: s.VPCID})
@@ -140,16 +168,29 @@ func Start(t testing.TB, cfg *rest.Config, o Options) *Stack {
 		t.Fatal(err)
 	}
 	s.Cloud, err = cloud.New(cloud.Config{
-		Endpoint: sim.URL(), Region: "bj", AccessKeyID: AccessKey, SecretAccessKey: SecretKey,
-		Rate: 1e6, Burst: 1e6, SDKRetryBase: time.Millisecond, ThrottleBackoff: time.Millisecond,
+		Endpoint:        sim.URL(),
+		Region:          "bj",
+		AccessKeyID:     AccessKey,
+		SecretAccessKey: SecretKey,
+		Rate:            1e6,
+		Burst:           1e6,
+		SDKRetryBase:    time.Millisecond,
+		ThrottleBackoff: time.Millisecond,
 	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Cloud.Close)
+	return sg
+}
 
-	// IPAM behind a gRPC server.
-	s.IPAM, err = ipam.New(o.IPAM, ipam.Deps{Kube: s.Kube, CCE: s.CCE, Cloud: s.Cloud}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+// startIPAM runs the IPAM until its caches synced and serves it over gRPC
+// on a free 127.0.0.1 port (CNIAddr).
+func (s *Stack) startIPAM(t testing.TB) {
+	t.Helper()
+	var err error
+	deps := ipam.Deps{Kube: s.Kube, CCE: s.CCE, Cloud: s.Cloud}
+	s.IPAM, err = ipam.New(s.Opts.IPAM, deps, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +205,7 @@ func Start(t testing.TB, cfg *rest.Config, o Options) *Stack {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	rpc.RegisterCNIBackendServer(gs, cni.NewServer(o.CNI, s.IPAM, slog.New(slog.DiscardHandler), prometheus.NewRegistry()))
+	rpc.RegisterCNIBackendServer(gs, cni.NewServer(s.Opts.CNI, s.IPAM, slog.New(slog.DiscardHandler), prometheus.NewRegistry()))
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
@@ -175,22 +216,31 @@ func Start(t testing.TB, cfg *rest.Config, o Options) *Stack {
 		<-served
 	})
 	s.CNIAddr = lis.Addr().String()
+}
 
-	// Kubelets.
+// startKubelets registers the nodes (served unless NoServe) and runs the
+// kubelet simulator until its caches synced.
+func (s *Stack) startKubelets(t testing.TB, securityGroup string) {
+	t.Helper()
+	o := s.Opts
 	kc := o.Kubelet
 	kc.Name, kc.CNIEndpoint, kc.Namespace = o.Name, s.CNIAddr, o.Namespace
 	kc.ClusterID, kc.VPCID, kc.SubnetID, kc.Zone = s.ClusterID, s.VPCID, s.SubnetID, s.Zone
-	kc.SecurityGroupIDs = []string{sg}
+	kc.SecurityGroupIDs = []string{securityGroup}
 	kc.InstanceCPUs, kc.InstanceMemoryGB, kc.IPPool = 8, o.MemoryGB, true
+	var err error
 	s.Kubelet, err = kubeletsim.New(kc, kubeletsim.Deps{
-		Kube: s.Kube, CCE: s.CCE, Instances: kubeletsim.InProcessInstances(sim), ENIs: s.Cloud,
+		Kube:      s.Kube,
+		CCE:       s.CCE,
+		Instances: kubeletsim.InProcessInstances(s.BCE),
+		ENIs:      s.Cloud,
 	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	names := kubeletsim.NodeNames(o.Name, 0, o.Nodes)
 	t.Cleanup(func() { s.deleteNodes(names) })
-	if s.Nodes, err = s.Kubelet.RegisterNodes(ctx, names); err != nil {
+	if s.Nodes, err = s.Kubelet.RegisterNodes(s.ctx, names); err != nil {
 		t.Fatal(err)
 	}
 	if !o.NoServe {
@@ -202,7 +252,6 @@ func Start(t testing.TB, cfg *rest.Config, o Options) *Stack {
 	case <-time.After(time.Minute):
 		t.Fatal("stack: kubelet simulator caches did not sync")
 	}
-	return s
 }
 
 // goRun runs fn(ctx) until the test ends; cleanup cancels and waits for it.

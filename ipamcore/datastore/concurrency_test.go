@@ -60,11 +60,11 @@ func TestStore_Concurrent(t *testing.T) {
 				if got, ok := mine[pod]; ok {
 					// a stale DEL first: must be refused
 					if _, err := s.Release(node, got.Addr, "stale", now()); !errors.Is(err, ErrContainerMismatch) {
-						report(fmt.Errorf("%s: stale release of %s: %v", node, got.Addr, err))
+						report(fmt.Errorf("%s: stale release of %s: %w", node, got.Addr, err))
 						return
 					}
 					if _, err := s.Release(node, got.Addr, got.Owner.ContainerID, now()); err != nil {
-						report(fmt.Errorf("%s: release %s: %v", node, got.Addr, err))
+						report(fmt.Errorf("%s: release %s: %w", node, got.Addr, err))
 						return
 					}
 					delete(mine, pod)
@@ -75,7 +75,7 @@ func TestStore_Concurrent(t *testing.T) {
 				switch {
 				case errors.Is(err, ErrNoIdleIP):
 				case err != nil:
-					report(fmt.Errorf("%s: allocate: %v", node, err))
+					report(fmt.Errorf("%s: allocate: %w", node, err))
 					return
 				default:
 					mine[pod] = got
@@ -126,7 +126,7 @@ func TestStore_Concurrent(t *testing.T) {
 		for i := range iters / 3 {
 			rep, err := s.Restore("churn", in, now())
 			if err != nil || rep.Assigned != 1 || rep.Idle != 1 || len(rep.Conflicts) != 0 {
-				report(fmt.Errorf("restore churn: %+v %v", rep, err))
+				report(fmt.Errorf("restore churn: %+v %w", rep, err))
 				return
 			}
 			if i%2 == 0 {
@@ -162,7 +162,7 @@ func TestStore_Concurrent(t *testing.T) {
 			if i > 0 {
 				// still on the old node: the new one must refuse it
 				if _, err := s.AddAssignedIP(to, "eni-"+to, a, o, now()); !errors.Is(err, ErrIPExists) {
-					report(fmt.Errorf("add on %s while on %s: %v", to, from, err))
+					report(fmt.Errorf("add on %s while on %s: %w", to, from, err))
 					return
 				}
 				if _, err := s.RemoveIP(from, a); err != nil {
@@ -171,7 +171,7 @@ func TestStore_Concurrent(t *testing.T) {
 				}
 			}
 			if _, err := s.AddAssignedIP(to, "eni-"+to, a, o, now()); err != nil {
-				report(fmt.Errorf("add on %s: %v", to, err))
+				report(fmt.Errorf("add on %s: %w", to, err))
 				return
 			}
 		}

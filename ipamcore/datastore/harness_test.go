@@ -229,7 +229,7 @@ func (h *harness) step() {
 			req.SubnetID = fmt.Sprintf("sbn-%d", h.pick(3))
 		}
 		got, err := h.s.Allocate(n, req, h.now)
-		want, werr, readyAt, cooling := h.m.allocate(n, req, h.now)
+		want, readyAt, cooling, werr := h.m.allocate(n, req, h.now)
 		h.same(op, err, werr)
 		var ce *CoolingError
 		if errors.As(err, &ce) && (!ce.ReadyAt.Equal(readyAt) || ce.Cooling != cooling) {
@@ -293,7 +293,7 @@ func (h *harness) restore(n string) {
 	used := map[string]bool{}
 	for _, e := range hENIs {
 		cur, ok := h.m.enis[e.ID]
-		if !(ok && cur.node == n && h.pick(8) != 0) && h.pick(6) != 0 {
+		if (!ok || cur.node != n || h.pick(8) == 0) && h.pick(6) != 0 {
 			continue
 		}
 		used[e.ID] = true

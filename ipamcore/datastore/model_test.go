@@ -211,13 +211,13 @@ func (m *model) removeIP(n string, a netip.Addr) error {
 
 // allocate returns the expected address, or the expected error and, for
 // cooling, the expected ReadyAt and count.
-func (m *model) allocate(n string, req Request, now time.Time) (netip.Addr, error, time.Time, int) {
+func (m *model) allocate(n string, req Request, now time.Time) (netip.Addr, time.Time, int, error) {
 	if _, ok := m.nodes[n]; !ok {
-		return netip.Addr{}, ErrNodeNotFound, time.Time{}, 0
+		return netip.Addr{}, time.Time{}, 0, ErrNodeNotFound
 	}
 	if r := m.podIP(n, req.Owner.Pod()); r != nil {
 		r.owner.ContainerID = req.Owner.ContainerID
-		return m.addrOf(r), nil, time.Time{}, 0
+		return m.addrOf(r), time.Time{}, 0, nil
 	}
 	type cand struct {
 		id          string
@@ -257,13 +257,13 @@ func (m *model) allocate(n string, req Request, now time.Time) (netip.Addr, erro
 	}
 	if len(cands) == 0 {
 		if cooling > 0 {
-			return netip.Addr{}, ErrIPCooling, earliest, cooling
+			return netip.Addr{}, earliest, cooling, ErrIPCooling
 		}
-		return netip.Addr{}, ErrNoIdleIP, time.Time{}, 0
+		return netip.Addr{}, time.Time{}, 0, ErrNoIdleIP
 	}
 	best := slices.MinFunc(cands, func(a, b cand) int { return cmp.Or(cmp.Compare(b.idle, a.idle), strings.Compare(a.id, b.id)) })
 	m.assign(best.first, req.Owner)
-	return best.firstAddr, nil, time.Time{}, 0
+	return best.firstAddr, time.Time{}, 0, nil
 }
 
 func (m *model) addrOf(r *mIP) netip.Addr {

@@ -169,7 +169,10 @@ func (i *IPAM) tryTake(ctx context.Context, n *node, req datastore.Request,
 	case <-cooled:
 		return datastore.IPInfo{}, true, nil
 	case <-deadline:
-		return datastore.IPInfo{}, false, fmt.Errorf("%w %s after %s: %v", ErrPoolExhausted, n.name, i.cfg.AllocateWait, n.lastError())
+		// The pool's last cloud error is the operator's context, not a
+		// cause to branch on: callers see ErrPoolExhausted.
+		return datastore.IPInfo{}, false, fmt.Errorf("%w %s after %s: %v",
+			ErrPoolExhausted, n.name, i.cfg.AllocateWait, n.lastError()) //nolint:errorlint // see above
 	case <-n.stopping:
 		return datastore.IPInfo{}, false, fmt.Errorf("%w: %s (hand-over)", ErrNodeNotServed, n.name)
 	case <-ctx.Done():
@@ -234,7 +237,8 @@ func (i *IPAM) releaseStale(old *cce.WorkloadEndpoint) {
 	}
 	if _, err := i.store.Release(old.Spec.Node, addr, old.Spec.ContainerID, i.deps.Clock.Now()); err != nil &&
 		!errors.Is(err, datastore.ErrUnknownIP) && !errors.Is(err, datastore.ErrNotAssigned) {
-		i.log.Warn("could not free the IP of an overwritten WorkloadEndpoint", "wep", old.Namespace+"/"+old.Name, "ip", old.Spec.IP, "err", err)
+		i.log.Warn("could not free the IP of an overwritten WorkloadEndpoint", "wep", old.Namespace+"/"+old.Name,
+			"ip", old.Spec.IP, "err", err)
 	}
 }
 

@@ -128,7 +128,8 @@ func TestIPAM_HandOverWaitsForLeakedENIDelete(t *testing.T) {
 		time.Since(sent).Round(time.Millisecond), atReturn)
 	time.Sleep(time.Until(sent.Add(hold + time.Second)))
 	select {
-	case <-syncDone:
+	case err := <-syncDone:
+		t.Logf("the ENI sync ended: %v", err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the ENI sync did not end")
 	}

@@ -432,7 +432,11 @@ func (i *IPAM) writePoolStatus(ctx context.Context, n *node, inUse []cloud.ENI) 
 		s := cce.ENI{ID: e.ID, MAC: e.MACAddress, AvailabilityZone: e.ZoneName, Description: e.Description,
 			InterfaceIndex: idx, Subnet: e.SubnetID, VPC: e.VPCID, SecurityGroups: slices.Clone(e.SecurityGroupIDs)}
 		for _, p := range e.PrivateIPs {
-			s.PrivateIPSet = append(s.PrivateIPSet, cce.PrivateIP{IsPrimary: p.Primary, PrivateIPAddress: p.Address, PublicIPAddress: p.PublicIP})
+			s.PrivateIPSet = append(s.PrivateIPSet, cce.PrivateIP{
+				IsPrimary:        p.Primary,
+				PrivateIPAddress: p.Address,
+				PublicIPAddress:  p.PublicIP,
+			})
 		}
 		want[e.ID] = s
 	}

@@ -56,7 +56,8 @@ func (i *IPAM) checkGhost(ctx context.Context, w *cce.WorkloadEndpoint) {
 		i.ghostHeld[addr] = info.Node
 		i.metrics.ghostWEPs.WithLabelValues("idle_held").Inc()
 		i.nodeEvent(w.Spec.Node, "GhostWorkloadEndpoint",
-			"wep %s/%s names %s, which the pool held idle on %s; held out of the pool while the wep names it", w.Namespace, w.Name, addr, info.Node)
+			"wep %s/%s names %s, which the pool held idle on %s; held out of the pool while the wep names it",
+			w.Namespace, w.Name, addr, info.Node)
 		i.log.Error("ghost wep: it names an idle address; held out of the pool", "wep", pod.String(), "ip", addr, "node", info.Node)
 	case info.State == datastore.StateAssigned && (info.Owner.Pod() != pod || info.Node != w.Spec.Node):
 		i.metrics.ghostWEPs.WithLabelValues("claimed_twice").Inc()

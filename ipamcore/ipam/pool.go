@@ -454,12 +454,6 @@ func (n *node) setCloudError(err error) {
 	n.lastErr = err
 }
 
-func (n *node) setPlanNote(note string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.planNote = note
-}
-
 // lastError says why the pool is empty: the last cloud error and what the
 // planner would need, so that an allocation that gives up can tell the pod.
 func (n *node) lastError() error {

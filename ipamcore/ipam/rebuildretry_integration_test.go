@@ -63,7 +63,9 @@ func TestCoordinator_UnrebuildableNodeBacksOff(t *testing.T) {
 	go func() { done <- coord.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Logf("coordinator Run: %v", err)
+		}
 		coord.Close()
 	})
 

@@ -212,7 +212,7 @@ func (c *Coordinator) table() Table {
 func (c *Coordinator) maybePublishBalance(ctx context.Context, now time.Time, live, served []string) {
 	b := &c.balance
 	if c.ring == nil || len(live) == 0 || live[0] != c.self || c.leaving || b.publishing ||
-		!now.Before(c.leaseValidUntil) || now.Sub(b.lastCheck) < time.Second ||
+		!now.Before(c.own.LeaseValidUntil()) || now.Sub(b.lastCheck) < time.Second ||
 		(!b.lastTry.IsZero() && now.Sub(b.lastTry) < balanceInterval) {
 		return
 	}

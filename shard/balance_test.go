@@ -280,7 +280,7 @@ func TestCoordinator_PublishesNodeCounts(t *testing.T) {
 	// Another member that sorts first publishes; this one does not.
 	c2, _ := newTestCoordinator(t)
 	c2.ring, _ = NewRing(c2.cfg.Ring, []string{"a-first", "r0"})
-	c2.leaseValidUntil = c2.clock.Now().Add(time.Minute)
+	c2.own.Renewed(c2.clock.Now(), c2.clock.Now().Add(time.Minute))
 	c2.maybePublishBalance(ctx, c2.clock.Now(), []string{"a-first", "r0"}, nodes(40))
 	publishing = c2.balance.publishing
 	if publishing {

@@ -2,7 +2,6 @@ package shard
 
 import (
 	"context"
-	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,8 +30,8 @@ func (c *Coordinator) startAction(ctx context.Context, a Action, claim Claim) {
 	case ActStop:
 		// Nodes of the partition are stopped by reconcileNodes; a draining
 		// partition is released once they all are.
-		c.log.Info("stopping partition", "partition", a.Partition, "draining", c.own.State(a.Partition) == Draining)
-		if c.own.State(a.Partition) == Unowned {
+		c.log.Info("stopping partition", "partition", a.Partition, "draining", !a.Fenced)
+		if a.Fenced {
 			c.metrics.handovers.WithLabelValues("fenced").Inc()
 		}
 	case ActRelease:
@@ -40,6 +39,16 @@ func (c *Coordinator) startAction(ctx context.Context, a Action, claim Claim) {
 		go func() {
 			c.release(ctx, a.Partition, a.Version)
 			c.results <- func() { c.pendingIO-- }
+		}()
+	case ActReleaseOrphan:
+		c.pendingIO++
+		c.log.Info("releasing a claim this replica no longer serves", "partition", a.Partition)
+		go func() {
+			c.release(ctx, a.Partition, a.Version)
+			c.results <- func() {
+				c.pendingIO--
+				c.own.OrphanReleased(a.Partition)
+			}
 		}()
 	}
 }
@@ -167,35 +176,5 @@ func (c *Coordinator) release(ctx context.Context, p int, version string) {
 			return // gone or someone else's: nothing of ours to release
 		}
 		version, epoch = cur.ResourceVersion, int64(ptr.Deref(cur.Spec.LeaseTransitions, 0))
-	}
-}
-
-// releaseOrphans releases claims that still name this replica although it
-// does not serve them: a fenced stop (a lapsed lease, a lost CAS race)
-// leaves the claim in place, and if the ring has meanwhile given the
-// partition to another replica, nobody else may take it while our lease is
-// fresh. Released only once the partition's nodes have stopped.
-func (c *Coordinator) releaseOrphans(ctx context.Context, now time.Time, claims []Claim, busy map[int]bool) {
-	if !now.Before(c.leaseValidUntil) || c.releasing == nil {
-		return
-	}
-	var owners []string
-	if c.ring != nil {
-		owners = c.table().Owners
-	}
-	for p, cl := range claims {
-		if cl.Holder != c.self || c.own.State(p) != Unowned || busy[p] || c.releasing[p] || (owners != nil && owners[p] == c.self) {
-			continue
-		}
-		c.releasing[p] = true
-		c.pendingIO++
-		c.log.Info("releasing a claim this replica no longer serves", "partition", p)
-		go func() {
-			c.release(ctx, p, cl.Version)
-			c.results <- func() {
-				c.pendingIO--
-				delete(c.releasing, p)
-			}
-		}()
 	}
 }

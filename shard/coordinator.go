@@ -72,31 +72,26 @@ type Coordinator struct {
 	results  chan func() // outcomes of I/O, applied on the loop goroutine
 	shutdown atomic.Pointer[func()]
 
-	// Owned by the loop goroutine.
-	own             *Ownership
-	leaseValidUntil time.Time
-	leaving         bool
-	ring            *Ring
-	live            []string
-	seen            map[string]observed // other replicas' leases as observed
-	claims          []Claim             // the claims as of the last look (watch + our own writes)
-	written         map[int]writtenClaim
-	wantedSince     map[int]time.Time // partition became ours in the ring, not yet served
-	nodeState       map[string]nodeState
-	starting        bool
-	pendingIO       int // claims and releases in flight
-	claimsInFlight  int
-	claimsSince     time.Time    // when the oldest claim in flight started
-	releasing       map[int]bool // orphaned claims being released
-	retryAt         map[string]time.Time
-	retryDelay      map[string]time.Duration // a failing node's current backoff (see serveBackoff)
-	stepped         bool
-	readyReason     string
-	startedAt       time.Time // by our clock, for the cold-start settle's cap
-	settleKey       string    // the replicas in view, as of settleSince
-	settleSince     time.Time
-	holdReason      string // why claims are held back ("" when they are not)
-	balance         balanceState
+	// Owned by the loop goroutine. The decisions are the Ownership's; the
+	// rest is what the I/O needs.
+	own            *Ownership
+	leaving        bool
+	ring           *Ring
+	live           []string
+	seen           map[string]observed // other replicas' leases as observed
+	claims         []Claim             // the claims as of the last look (watch + our own writes)
+	written        map[int]writtenClaim
+	nodeState      map[string]nodeState
+	starting       bool
+	pendingIO      int // claims and releases in flight
+	claimsInFlight int
+	claimsSince    time.Time // when the oldest claim in flight started
+	retryAt        map[string]time.Time
+	retryDelay     map[string]time.Duration // a failing node's current backoff (see serveBackoff)
+	stepped        bool
+	readyReason    string
+	loggedHold     string // the Ownership's hold as last logged
+	balance        balanceState
 }
 
 // Deps are the Coordinator's connections.
@@ -173,16 +168,19 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 		nodeLister:   corelisters.NewNodeLister(deps.NodeInformer.GetIndexer()),
 		kick:         make(chan struct{}, 1),
 		results:      make(chan func(), 1024),
-		own:          NewOwnership(self, cfg.Ring.Partitions),
-		seen:         map[string]observed{},
-		written:      map[int]writtenClaim{},
-		wantedSince:  map[int]time.Time{},
-		nodeState:    map[string]nodeState{},
-		retryAt:      map[string]time.Time{},
-		retryDelay:   map[string]time.Duration{},
-		releasing:    map[int]bool{},
-		readyReason:  "not started",
-		startedAt:    deps.Clock.Now(),
+		own: NewOwnership(OwnershipConfig{
+			Self:            self,
+			Partitions:      cfg.Ring.Partitions,
+			ColdStartSettle: cfg.ColdStartSettle,
+			SettleCap:       cfg.ColdStartSettle + cfg.LeaseDuration,
+			Start:           deps.Clock.Now(),
+		}),
+		seen:        map[string]observed{},
+		written:     map[int]writtenClaim{},
+		nodeState:   map[string]nodeState{},
+		retryAt:     map[string]time.Time{},
+		retryDelay:  map[string]time.Duration{},
+		readyReason: "not started",
 	}
 	c.budget = newBudget(budgetDeps{
 		self:         self,
@@ -430,7 +428,7 @@ func (c *Coordinator) stopEverything() {
 			names = append(names, n)
 		}
 	}
-	c.leaseValidUntil = time.Time{}
+	c.own.DropLease()
 	c.publish()
 	for _, n := range names {
 		c.nodes.StopServingNode(n)
@@ -443,7 +441,7 @@ func (c *Coordinator) stopEverything() {
 func (c *Coordinator) publish() {
 	s := &snapshot{
 		states:          c.own.States(),
-		leaseValidUntil: c.leaseValidUntil,
+		leaseValidUntil: c.own.LeaseValidUntil(),
 		claims:          c.claims,
 		peers:           make(map[string]observed, len(c.seen)),
 		live:            c.live,

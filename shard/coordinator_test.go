@@ -29,10 +29,18 @@ func (noNodes) StopServingNode(string)                                {}
 // server).
 func newTestCoordinator(t *testing.T) (*Coordinator, *clocktesting.FakeClock) {
 	t.Helper()
+	return newTestCoordinatorWith(t, func(*Config) {})
+}
+
+// newTestCoordinatorWith is newTestCoordinator with a config of the test's.
+func newTestCoordinatorWith(t *testing.T, configure func(*Config)) (*Coordinator, *clocktesting.FakeClock) {
+	t.Helper()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC))
 	kube := fake.NewClientset()
 	nodeInf := informers.NewSharedInformerFactory(kube, 0).Core().V1().Nodes().Informer()
-	c, err := New(Config{Namespace: "ns"}, "r0", Addresses{GRPC: "127.0.0.1:1", HTTP: "127.0.0.1:2"},
+	cfg := Config{Namespace: "ns"}
+	configure(&cfg)
+	c, err := New(cfg, "r0", Addresses{GRPC: "127.0.0.1:1", HTTP: "127.0.0.1:2"},
 		Deps{Kube: kube, Nodes: noNodes{}, NodeInformer: nodeInf, Clock: clk}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -158,13 +166,26 @@ func TestCoordinator_ReleasesOrphanedClaims(t *testing.T) {
 		}
 		claims[p] = Claim{Holder: "r0", Version: l.ResourceVersion}
 	}
-	c.ring = ring
-	c.releaseOrphans(ctx, c.clock.Now(), claims, map[int]bool{})
-	select {
-	case f := <-c.results:
-		f()
-	case <-time.After(10 * time.Second):
-		t.Fatal("no release happened")
+	c.ring, c.live = ring, []string{"r0", "r1"}
+	acts, err := c.own.Step(c.view(c.clock.Now(), c.live, claims, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.publish()
+	for _, a := range acts {
+		c.startAction(ctx, a, claims[a.Partition])
+	}
+	deadline := time.After(10 * time.Second)
+	for c.pendingIO > 0 {
+		select {
+		case f := <-c.results:
+			f()
+		case <-deadline:
+			t.Fatal("the releases and claims did not finish")
+		}
+	}
+	if c.own.Releasing() {
+		t.Fatal("the orphan release finished but the Ownership still counts it in flight")
 	}
 	got, err := leases.Get(ctx, PartitionLeaseName(theirs), metav1.GetOptions{})
 	if err != nil {
@@ -182,82 +203,22 @@ func TestCoordinator_ReleasesOrphanedClaims(t *testing.T) {
 	}
 }
 
-// At a cold start a replica claims nothing until the replicas in view have
-// been the same for ColdStartSettle (replicas started together then split
-// the nodes once); the wait is capped; a running cluster is joined at once;
-// and without a budget share nothing is claimed at all.
-func TestCoordinator_ColdStartHoldsClaimsUntilSettled(t *testing.T) {
-	c, clk := newTestCoordinator(t)
-	c.cfg.ColdStartSettle = 2 * time.Second
+// The driver shows the Ownership the holds: no budget share, and the
+// fencing policy required but missing.
+func TestCoordinator_ViewCarriesTheHolds(t *testing.T) {
+	c, _ := newTestCoordinator(t)
 	renew(t, c)
 	claims := make([]Claim, c.cfg.Ring.Partitions)
-	hold := func(live []string, gossip map[string]bool) string {
-		return c.holdClaims(clk.Now(), live, claims, gossip)
+	if v := c.view(c.clock.Now(), []string{"r0"}, claims, nil); !v.BudgetHeld || v.PolicyHold != "" {
+		t.Fatalf("without a budget to split or a policy required: held %v, policy hold %q", v.BudgetHeld, v.PolicyHold)
 	}
-	if h := hold([]string{"r0"}, nil); h == "" {
-		t.Fatal("a replica alone at its start claimed at once")
+	c.budget.setter = rateRecorder{}
+	if v := c.view(c.clock.Now(), []string{"r0"}, claims, nil); v.BudgetHeld {
+		t.Fatal("the view says a share is held before one was granted")
 	}
-	clk.Step(time.Second)
-	// r1's Lease appears (gossip has not seen it yet): the view changed.
-	c.seen["r1"] = observed{version: "1", since: clk.Now()}
-	if h := hold([]string{"r0"}, map[string]bool{"r0": true}); h == "" {
-		t.Fatal("claimed while another replica's Lease had just appeared")
-	}
-	clk.Step(1500 * time.Millisecond) // 2.5 s from the start, 1.5 s from the change
-	if h := hold([]string{"r0"}, map[string]bool{"r0": true}); h == "" {
-		t.Fatal("claimed 1.5 s after the view changed (settle is 2 s)")
-	}
-	// Gossip now sees r1 too: it is live, the view changes once more.
-	both := map[string]bool{"r0": true, "r1": true}
-	if h := hold([]string{"r0", "r1"}, both); h == "" {
-		t.Fatal("claimed as r1 became live")
-	}
-	clk.Step(2100 * time.Millisecond)
-	if h := hold([]string{"r0", "r1"}, both); h != "" {
-		t.Fatalf("still holding after the view was stable for the settle time: %s", h)
-	}
-
-	// A view that never settles holds claims back only up to the cap.
-	c2, clk2 := newTestCoordinator(t)
-	c2.cfg.ColdStartSettle = 2 * time.Second
-	renew(t, c2)
-	for i := 0; ; i++ {
-		c2.seen["flapping"] = observed{version: "1", since: clk2.Now(), leaving: i%2 == 1}
-		h := c2.holdClaims(clk2.Now(), []string{"r0"}, claims, nil)
-		if h == "" {
-			if el := clk2.Now().Sub(c2.startedAt); el < c2.cfg.ColdStartSettle+c2.cfg.LeaseDuration {
-				t.Fatalf("claimed after %s although the view kept changing", el)
-			}
-			break
-		}
-		if el := clk2.Now().Sub(c2.startedAt); el > c2.cfg.ColdStartSettle+c2.cfg.LeaseDuration+time.Second {
-			t.Fatalf("still holding after %s: the cap did not apply", el)
-		}
-		clk2.Step(500 * time.Millisecond)
-	}
-
-	// Joining a running cluster (a live replica holds a claim): no wait.
-	c3, _ := newTestCoordinator(t)
-	c3.cfg.ColdStartSettle = 2 * time.Second
-	renew(t, c3)
-	running := make([]Claim, c3.cfg.Ring.Partitions)
-	running[7] = Claim{Holder: "r1", Version: "5"}
-	h := c3.holdClaims(c3.clock.Now(), []string{"r0", "r1"}, running, nil)
-	if h != "" {
-		t.Fatalf("a replica joining a running cluster held its claims: %s", h)
-	}
-
-	// With a budget to split, nothing is claimed before a share is held
-	// (the rebuild needs the cloud).
-	c3.budget.setter = rateRecorder{}
-	h = c3.holdClaims(c3.clock.Now(), []string{"r0", "r1"}, running, nil)
-	if h == "" {
-		t.Fatal("claimed without a share of the cloud budget")
-	}
-	c3.budget.set(Share{Rate: 5, Burst: 2}, true)
-	h = c3.holdClaims(c3.clock.Now(), []string{"r0", "r1"}, running, nil)
-	if h != "" {
-		t.Fatalf("holding with a granted share: %s", h)
+	c.budget.set(Share{Rate: 5, Burst: 2}, true)
+	if v := c.view(c.clock.Now(), []string{"r0"}, claims, nil); !v.BudgetHeld {
+		t.Fatal("the view says no share is held with a granted share")
 	}
 }
 
@@ -281,8 +242,7 @@ func (rateRecorder) SetRate(float64, int64) error { return nil }
 // The hold reaches the ownership: a held step starts no claim, and the first
 // step after the settle claims every partition the ring gives us.
 func TestCoordinator_HeldStepClaimsNothing(t *testing.T) {
-	c, clk := newTestCoordinator(t)
-	c.cfg.ColdStartSettle = 2 * time.Second
+	c, clk := newTestCoordinatorWith(t, func(cfg *Config) { cfg.ColdStartSettle = 2 * time.Second })
 	// The claims are counted when they start.
 	refusePartitionCreates(c)
 	ctx := context.Background()
@@ -342,15 +302,14 @@ func TestCoordinator_BatchWaitsForClaimsInFlight(t *testing.T) {
 	// 1 s cut, within claimSettle.
 	c.claimsInFlight, c.claimsSince = 1, clk.Now()
 	clk.Step(2 * time.Second)
-	claims := make([]Claim, c.cfg.Ring.Partitions)
-	c.reconcileNodes(ctx, clk.Now(), claims, c.servedNodes())
+	c.reconcileNodes(ctx, clk.Now(), c.servedNodes())
 	select {
 	case b := <-rec.batches:
 		t.Fatalf("served %v while a claim was in flight for 2 s, want the batch to wait for it", b)
 	case <-time.After(200 * time.Millisecond):
 	}
 	clk.Step(claimSettle)
-	c.reconcileNodes(ctx, clk.Now(), claims, c.servedNodes())
+	c.reconcileNodes(ctx, clk.Now(), c.servedNodes())
 	select {
 	case b := <-rec.batches:
 		if len(b) != 1 || b[0] != node {
@@ -369,22 +328,21 @@ func TestCoordinator_NotReadyWhileClaiming(t *testing.T) {
 	ctx := context.Background()
 	renew(t, c)
 	c.stepped = true
-	claims := make([]Claim, c.cfg.Ring.Partitions)
-	c.reconcileNodes(ctx, clk.Now(), claims, nil)
+	c.reconcileNodes(ctx, clk.Now(), nil)
 	if c.readyReason != "" {
 		t.Fatalf("not ready with nothing to serve: %s", c.readyReason)
 	}
 	if err := c.own.set(7, Claiming); err != nil {
 		t.Fatal(err)
 	}
-	c.reconcileNodes(ctx, clk.Now(), claims, nil)
+	c.reconcileNodes(ctx, clk.Now(), nil)
 	if c.readyReason == "" {
 		t.Fatal("ready while the claim of partition 7 is in flight")
 	}
 	if err := c.own.set(7, Serving); err != nil {
 		t.Fatal(err)
 	}
-	c.reconcileNodes(ctx, clk.Now(), claims, nil)
+	c.reconcileNodes(ctx, clk.Now(), nil)
 	if c.readyReason != "" {
 		t.Fatalf("not ready once partition 7 (no nodes) is served: %s", c.readyReason)
 	}

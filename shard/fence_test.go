@@ -60,7 +60,7 @@ func TestFence_ConcurrentReadsSeeWholeSnapshots(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.publish()
-		if err := c.own.fence(p); err != nil {
+		if err := c.own.set(p, Unowned); err != nil { // fenced
 			t.Fatal(err)
 		}
 		c.written[p] = writtenClaim{claim: Claim{Holder: c.self, Version: "v", Epoch: epoch + 1}}

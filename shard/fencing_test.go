@@ -129,7 +129,8 @@ func TestCoordinator_ChecksFencingPolicy(t *testing.T) {
 	if v := gaugeValue(c.metrics.policyPresent); v != 0 {
 		t.Fatalf("cce_ipam_fencing_policy_present = %v, want 0", v)
 	}
-	hold := c.holdClaims(c.clock.Now(), nil, nil, nil)
+	claims := make([]Claim, c.cfg.Ring.Partitions)
+	hold := c.view(c.clock.Now(), nil, claims, nil).PolicyHold
 	if !strings.Contains(hold, "fencing policy missing") {
 		t.Fatalf("hold reason with the policy required and missing: %q", hold)
 	}
@@ -151,7 +152,7 @@ func TestCoordinator_ChecksFencingPolicy(t *testing.T) {
 	if v := gaugeValue(c.metrics.policyPresent); v != 1 {
 		t.Fatalf("cce_ipam_fencing_policy_present = %v, want 1", v)
 	}
-	hold = c.holdClaims(c.clock.Now(), nil, nil, nil)
+	hold = c.view(c.clock.Now(), nil, claims, nil).PolicyHold
 	if strings.Contains(hold, "fencing") {
 		t.Fatalf("hold reason with the policy present: %q", hold)
 	}

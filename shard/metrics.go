@@ -118,7 +118,7 @@ func (c *Coordinator) updateMetrics() {
 	c.metrics.ownedPartitions.Set(float64(len(c.own.Serving())))
 	c.metrics.members.Set(float64(len(c.live)))
 	valid := 0.0
-	if c.clock.Now().Before(c.leaseValidUntil) {
+	if c.clock.Now().Before(c.own.LeaseValidUntil()) {
 		valid = 1
 	}
 	c.metrics.leaseValid.Set(valid)

@@ -38,9 +38,8 @@ func (c *Coordinator) servedNodes() []string {
 }
 
 // reconcileNodes starts and stops nodes so that exactly the BCC nodes of
-// Serving partitions are served, and completes the drain of partitions
-// whose nodes have all stopped.
-func (c *Coordinator) reconcileNodes(ctx context.Context, now time.Time, claims []Claim, served []string) {
+// Serving partitions are served.
+func (c *Coordinator) reconcileNodes(ctx context.Context, now time.Time, served []string) {
 	exists := make(map[string]bool, len(served))
 	var start []string
 	for _, name := range served {
@@ -50,34 +49,15 @@ func (c *Coordinator) reconcileNodes(ctx context.Context, now time.Time, claims 
 			start = append(start, name)
 		}
 	}
-	busy := c.stopNodes(exists)
-	for p := range c.cfg.Ring.Partitions {
-		if c.own.State(p) == Draining && !busy[p] {
-			acts, err := c.own.Stopped(p, claims[p].Version)
-			if err != nil {
-				c.log.Error("stopped", "partition", p, "err", err)
-				continue
-			}
-			c.publish() // Unowned before the release
-			for _, a := range acts {
-				c.startAction(ctx, a, claims[p])
-			}
-		}
-	}
-	c.releaseOrphans(ctx, now, claims, busy)
+	c.stopNodes(exists)
 	c.startNodes(ctx, now, start)
 	c.updateReady(now, exists)
 }
 
-// stopNodes stops the nodes that are up but no longer to be served, and
-// returns the partitions with nodes not yet stopped.
-func (c *Coordinator) stopNodes(exists map[string]bool) (busy map[int]bool) {
-	busy = map[int]bool{}
+// stopNodes stops the nodes that are up but no longer to be served.
+func (c *Coordinator) stopNodes(exists map[string]bool) {
 	for name, st := range c.nodeState {
 		p := PartitionOf(c.cfg.Ring.Partitions, name)
-		if st != nodeAbsent {
-			busy[p] = true
-		}
 		if st == nodeUp && (c.own.State(p) != Serving || !exists[name]) {
 			c.nodeState[name] = nodeStopping
 			go func() {
@@ -89,7 +69,6 @@ func (c *Coordinator) stopNodes(exists map[string]bool) (busy map[int]bool) {
 			delete(c.nodeState, name)
 		}
 	}
-	return busy
 }
 
 // startNodes serves a batch of nodes. Claims won together are served
@@ -145,11 +124,8 @@ func (c *Coordinator) served(names []string, errs map[string]error, took time.Du
 	}
 	// Hand-over duration: from when the ring gave us a partition until
 	// its nodes are served.
-	for p, since := range c.wantedSince {
-		if c.own.State(p) == Serving {
-			c.metrics.handoverDuration.Observe(now.Sub(since).Seconds())
-			delete(c.wantedSince, p)
-		}
+	for _, took := range c.own.HandedOver(now) {
+		c.metrics.handoverDuration.Observe(took.Seconds())
 	}
 	c.log.Info("served nodes", "count", len(names)-len(errs), "failed", len(errs), "duration", took)
 }
@@ -179,10 +155,10 @@ func serveJitter(d time.Duration) time.Duration {
 // node of our Serving partitions is up.
 func (c *Coordinator) updateReady(now time.Time, exists map[string]bool) {
 	switch {
-	case !now.Before(c.leaseValidUntil):
+	case !now.Before(c.own.LeaseValidUntil()):
 		c.readyReason = "replica lease not held"
-	case c.holdReason != "":
-		c.readyReason = c.holdReason
+	case c.own.Hold() != "":
+		c.readyReason = c.own.Hold()
 	case c.starting:
 		c.readyReason = "building the state of owned nodes"
 	default:

@@ -125,48 +125,22 @@ func (c *Coordinator) putLease(ctx context.Context, want *coordv1.Lease) (*coord
 	return client.Update(ctx, want, metav1.UpdateOptions{})
 }
 
-// renewed applies a successful renewal sent at sent (on the loop). A
-// renewal sent after the lease had lapsed (a pause, a cut-off) must not
-// make the old claims servable again: others may have taken our partitions
-// while our caches still say they are ours. Everything is fenced off first,
-// and only then is the lease valid again, so nothing is served on the old
-// claims: each must be won again by CAS, which fails if anyone took it
-// meanwhile.
+// renewed applies a successful renewal sent at sent (on the loop). The
+// Ownership decides what a renewal after a lapse fences (Renewed).
 func (c *Coordinator) renewed(sent time.Time) {
-	until := sent.Add(c.cfg.RenewDeadline)
-	lapsed := !c.leaseValidUntil.IsZero() && !sent.Before(c.leaseValidUntil)
-	if lapsed {
-		c.relapse(until)
-		return
-	}
-	if until.After(c.leaseValidUntil) { // the first lease, or a timely renewal
-		c.leaseValidUntil = until
-	}
+	lapsed, fenced := c.own.Renewed(sent, sent.Add(c.cfg.RenewDeadline))
+	// The fenced partitions and the renewed lease are published together.
 	c.publish()
-}
-
-// relapse fences every partition after a lapsed lease, then accepts the new
-// lease validity: both in one published snapshot.
-func (c *Coordinator) relapse(until time.Time) {
-	fenced := 0
-	for p := range c.cfg.Ring.Partitions {
-		if st := c.own.State(p); st == Serving || st == Draining {
-			if err := c.own.fence(p); err == nil {
-				fenced++
-			}
-		}
+	if !lapsed {
+		return
 	}
 	// Our budget entry may have been dropped as an expired replica's: win
 	// it back by CAS before calling the cloud again.
 	c.budget.revoke()
-	if fenced > 0 {
-		c.metrics.handovers.WithLabelValues("fenced").Add(float64(fenced))
-		c.log.Warn("lease lapsed: stopped serving every partition; each must be claimed again", "partitions", fenced)
+	if len(fenced) > 0 {
+		c.metrics.handovers.WithLabelValues("fenced").Add(float64(len(fenced)))
+		c.log.Warn("lease lapsed: stopped serving every partition; each must be claimed again", "partitions", len(fenced))
 	}
-	if until.After(c.leaseValidUntil) {
-		c.leaseValidUntil = until
-	}
-	c.publish()
 }
 
 // deleteLease removes the replica Lease after a complete leave, so others

@@ -112,7 +112,7 @@ func (c *Coordinator) expired(r string, now time.Time) bool {
 // valid.
 func (c *Coordinator) liveMembers(now time.Time, gossip map[string]bool) []string {
 	var live []string
-	if now.Before(c.leaseValidUntil) && !c.leaving {
+	if now.Before(c.own.LeaseValidUntil()) && !c.leaving {
 		live = append(live, c.self)
 	}
 	for m, o := range c.seen {

@@ -39,7 +39,10 @@ func setRefusalTrailer(ctx context.Context, err error) {
 // plain error.
 func RefusalError(trailer metadata.MD, errMsg string) error {
 	if slices.Contains(trailer.Get(RefusalTrailer), RefusalNotHere) {
-		return &remoteRefusal{msg: errMsg, kind: podip.ErrNotHere}
+		return &remoteRefusal{
+			msg:  errMsg,
+			kind: podip.ErrNotHere,
+		}
 	}
 	return errors.New(errMsg)
 }

@@ -24,7 +24,10 @@ func (s *Store) Verify() error {
 		sl.mu.Lock()
 		defer sl.mu.Unlock()
 	}
-	v := &verifier{s: s, seenIP: make(map[netip.Addr]string)}
+	v := &verifier{
+		s:      s,
+		seenIP: make(map[netip.Addr]string),
+	}
 	ips, enis := 0, 0
 	for name, sl := range s.nodes {
 		v.node(name, sl)

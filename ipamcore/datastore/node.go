@@ -146,7 +146,10 @@ func (n *nodeState) addENI(e ENI) error {
 		return fmt.Errorf("node %s: primary ip %s of eni %s is also primary of eni %s: %w",
 			n.name, e.PrimaryIP, e.ID, other, ErrIPExists)
 	}
-	n.enis[e.ID] = &eniState{info: e, ips: make(map[netip.Addr]*ipRecord)}
+	n.enis[e.ID] = &eniState{
+		info: e,
+		ips:  make(map[netip.Addr]*ipRecord),
+	}
 	n.primaries[e.PrimaryIP] = e.ID
 	return nil
 }
@@ -209,7 +212,12 @@ func (n *nodeState) addIdle(eniID string, addrs []netip.Addr, now time.Time) err
 		}
 	}
 	for _, a := range addrs {
-		r := &ipRecord{addr: a, eni: e, addedAt: now, heapIndex: -1}
+		r := &ipRecord{
+			addr:      a,
+			eni:       e,
+			addedAt:   now,
+			heapIndex: -1,
+		}
 		e.ips[a] = r
 		n.ips[a] = r
 		n.enterIdle(r, now, 0)
@@ -231,7 +239,13 @@ func (n *nodeState) addAssigned(eniID string, a netip.Addr, o Owner, now time.Ti
 	if r, ok := n.pods[o.Pod()]; ok {
 		return IPInfo{}, fmt.Errorf("node %s: pod %s holds %s: %w", n.name, o.Pod(), r.addr, ErrPodHasIP)
 	}
-	r := &ipRecord{addr: a, eni: e, addedAt: now, heapIndex: -1, crossSubnet: isCross(e, a)}
+	r := &ipRecord{
+		addr:        a,
+		eni:         e,
+		addedAt:     now,
+		heapIndex:   -1,
+		crossSubnet: isCross(e, a),
+	}
 	e.ips[a] = r
 	n.ips[a] = r
 	n.enterAssigned(r, o)
@@ -291,7 +305,11 @@ func (n *nodeState) allocate(req Request, now time.Time) (IPInfo, error) {
 	}
 	if best == nil {
 		if cooling > 0 {
-			return IPInfo{}, &CoolingError{Node: n.name, Cooling: cooling, ReadyAt: earliest}
+			return IPInfo{}, &CoolingError{
+				Node:    n.name,
+				Cooling: cooling,
+				ReadyAt: earliest,
+			}
 		}
 		where := ""
 		if req.SubnetID != "" {
@@ -403,7 +421,13 @@ func (n *nodeState) unhold(a netip.Addr, o *Owner, now time.Time) (IPInfo, error
 // --- reads ---
 
 func (n *nodeState) stats(now time.Time) NodeStats {
-	s := NodeStats{Node: n.name, Total: len(n.ips), Idle: n.nIdle, Assigned: n.nAssigned, Held: n.nHeld}
+	s := NodeStats{
+		Node:     n.name,
+		Total:    len(n.ips),
+		Idle:     n.nIdle,
+		Assigned: n.nAssigned,
+		Held:     n.nHeld,
+	}
 	s.ENIs = make([]ENIStats, 0, len(n.enis))
 	for _, e := range n.enis {
 		es := ENIStats{
@@ -423,9 +447,15 @@ func (n *nodeState) stats(now time.Time) NodeStats {
 }
 
 func (n *nodeState) snapshot() NodeSnapshot {
-	s := NodeSnapshot{Node: n.name, ENIs: make([]ENISnapshot, 0, len(n.enis))}
+	s := NodeSnapshot{
+		Node: n.name,
+		ENIs: make([]ENISnapshot, 0, len(n.enis)),
+	}
 	for _, e := range n.enis {
-		es := ENISnapshot{ENI: e.info, IPs: make([]IPInfo, 0, len(e.ips))}
+		es := ENISnapshot{
+			ENI: e.info,
+			IPs: make([]IPInfo, 0, len(e.ips)),
+		}
 		for _, r := range e.ips {
 			es.IPs = append(es.IPs, n.info(r))
 		}

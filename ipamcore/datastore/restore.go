@@ -205,7 +205,10 @@ func validateRestoreENIs(node string, in []RestoreENI) ([]RestoreENI, error) {
 			}
 			ips[j] = na
 		}
-		out[i] = RestoreENI{ENI: e, IPs: ips}
+		out[i] = RestoreENI{
+			ENI: e,
+			IPs: ips,
+		}
 	}
 	slices.SortFunc(out, func(a, b RestoreENI) int { return strings.Compare(a.ENI.ID, b.ENI.ID) })
 	return out, nil
@@ -236,7 +239,11 @@ func (b *rebuild) run(enis []RestoreENI, claims []Claim) {
 		if err := b.n.addENI(re.ENI); err != nil {
 			// Unreachable after validation (fresh state, unique IDs and
 			// primaries); skip the ENI rather than panic.
-			b.conflict(Conflict{Kind: ConflictPrimaryAsSecondary, Addr: re.ENI.PrimaryIP, ENIs: []string{re.ENI.ID}})
+			b.conflict(Conflict{
+				Kind: ConflictPrimaryAsSecondary,
+				Addr: re.ENI.PrimaryIP,
+				ENIs: []string{re.ENI.ID},
+			})
 			continue
 		}
 		if other, ok := b.s.ipOwner[re.ENI.PrimaryIP]; ok && other != b.sl {
@@ -271,7 +278,11 @@ func (b *rebuild) run(enis []RestoreENI, claims []Claim) {
 	for _, c := range claims {
 		a, aerr := checkAddr(c.Addr)
 		if aerr != nil || c.Owner.validate() != nil {
-			b.conflict(Conflict{Kind: ConflictInvalidClaim, Addr: c.Addr, Owners: []Owner{c.Owner}})
+			b.conflict(Conflict{
+				Kind:   ConflictInvalidClaim,
+				Addr:   c.Addr,
+				Owners: []Owner{c.Owner},
+			})
 			continue
 		}
 		if slices.ContainsFunc(byAddr[a], func(o Owner) bool { return o.Pod() == c.Owner.Pod() }) {
@@ -286,7 +297,11 @@ func (b *rebuild) run(enis []RestoreENI, claims []Claim) {
 	}
 	for a, owners := range byAddr {
 		if _, inCloud := where[a]; !inCloud {
-			b.conflict(Conflict{Kind: ConflictClaimNotOnNode, Addr: a, Owners: owners})
+			b.conflict(Conflict{
+				Kind:   ConflictClaimNotOnNode,
+				Addr:   a,
+				Owners: owners,
+			})
 		}
 	}
 }
@@ -294,15 +309,32 @@ func (b *rebuild) run(enis []RestoreENI, claims []Claim) {
 // place records one cloud address.
 func (b *rebuild) place(a netip.Addr, enis []string, owners []Owner, byPod map[PodKey]int) {
 	if id, ok := b.n.primaries[a]; ok {
-		b.conflict(Conflict{Kind: ConflictPrimaryAsSecondary, Addr: a, ENIs: append(slices.Clone(enis), id), Owners: owners})
+		b.conflict(Conflict{
+			Kind:   ConflictPrimaryAsSecondary,
+			Addr:   a,
+			ENIs:   append(slices.Clone(enis), id),
+			Owners: owners,
+		})
 		return
 	}
 	if other, ok := b.s.ipOwner[a]; ok && other != b.sl {
-		b.conflict(Conflict{Kind: ConflictIPOnOtherNode, Addr: a, ENIs: enis, Owners: owners, OtherNode: other.n.name})
+		b.conflict(Conflict{
+			Kind:      ConflictIPOnOtherNode,
+			Addr:      a,
+			ENIs:      enis,
+			Owners:    owners,
+			OtherNode: other.n.name,
+		})
 		return
 	}
 	e := b.n.enis[enis[0]]
-	r := &ipRecord{addr: a, eni: e, addedAt: b.now, heapIndex: -1, crossSubnet: isCross(e, a)}
+	r := &ipRecord{
+		addr:        a,
+		eni:         e,
+		addedAt:     b.now,
+		heapIndex:   -1,
+		crossSubnet: isCross(e, a),
+	}
 	var prev *ipRecord
 	if b.old != nil {
 		prev = b.old.ips[a]
@@ -316,7 +348,13 @@ func (b *rebuild) place(a netip.Addr, enis []string, owners []Owner, byPod map[P
 	held := false
 	add := func(k ConflictKind) {
 		held = true
-		b.conflict(Conflict{Kind: k, Addr: a, ENIs: enis, Owners: owners, Held: true})
+		b.conflict(Conflict{
+			Kind:   k,
+			Addr:   a,
+			ENIs:   enis,
+			Owners: owners,
+			Held:   true,
+		})
 	}
 	if len(enis) > 1 {
 		add(ConflictIPOnTwoENIs)

@@ -25,7 +25,12 @@ type Owner struct {
 }
 
 // Pod returns the owner's pod key.
-func (o Owner) Pod() PodKey { return PodKey{Namespace: o.Namespace, Name: o.Name} }
+func (o Owner) Pod() PodKey {
+	return PodKey{
+		Namespace: o.Namespace,
+		Name:      o.Name,
+	}
+}
 
 func (o Owner) String() string { return o.Namespace + "/" + o.Name + "@" + o.ContainerID }
 

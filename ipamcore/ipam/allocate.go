@@ -59,7 +59,11 @@ func (i *IPAM) Allocate(ctx context.Context, ref podip.PodRef) (podip.Endpoint, 
 	if isFixedIPPod(pod) {
 		path = pathFixed
 	}
-	wep, err := i.allocate(ctx, pod, n, datastore.Owner{Namespace: ref.Namespace, Name: ref.Name, ContainerID: ref.ContainerID})
+	wep, err := i.allocate(ctx, pod, n, datastore.Owner{
+		Namespace:   ref.Namespace,
+		Name:        ref.Name,
+		ContainerID: ref.ContainerID,
+	})
 	if err != nil {
 		i.metrics.allocations.WithLabelValues("error", path).Inc()
 		i.events.Eventf(pod, corev1.EventTypeWarning, "AllocateIPFailed", "allocate IP on node %s: %v", n.name, err)
@@ -75,7 +79,10 @@ func (i *IPAM) Allocate(ctx context.Context, ref podip.PodRef) (podip.Endpoint, 
 // repeatedADD returns the committed wep of a sandbox that already holds an
 // IP on the node.
 func (i *IPAM) repeatedADD(ctx context.Context, n *node, ref podip.PodRef) (*cce.WorkloadEndpoint, bool) {
-	held, err := i.store.LookupPod(n.name, datastore.PodKey{Namespace: ref.Namespace, Name: ref.Name})
+	held, err := i.store.LookupPod(n.name, datastore.PodKey{
+		Namespace: ref.Namespace,
+		Name:      ref.Name,
+	})
 	if err != nil || held.State != datastore.StateAssigned || held.Owner.ContainerID != ref.ContainerID {
 		return nil, false
 	}
@@ -121,7 +128,10 @@ func (i *IPAM) allocate(ctx context.Context, pod *corev1.Pod, n *node, owner dat
 func (i *IPAM) takeIP(ctx context.Context, n *node, owner datastore.Owner, subnet string) (datastore.IPInfo, error) {
 	// An IP the store already gave this pod (a new sandbox of the same pod,
 	// or an ADD retried after a failed commit) is moved to the new sandbox.
-	if held, err := i.store.LookupPod(n.name, datastore.PodKey{Namespace: owner.Namespace, Name: owner.Name}); err == nil &&
+	if held, err := i.store.LookupPod(n.name, datastore.PodKey{
+		Namespace: owner.Namespace,
+		Name:      owner.Name,
+	}); err == nil &&
 		held.State == datastore.StateAssigned {
 		if held.Owner.ContainerID == owner.ContainerID {
 			return held, nil
@@ -136,7 +146,10 @@ func (i *IPAM) takeIP(ctx context.Context, n *node, owner datastore.Owner, subne
 	deadline := i.deps.Clock.NewTimer(i.cfg.AllocateWait)
 	defer deadline.Stop()
 	for {
-		info, again, err := i.tryTake(ctx, n, datastore.Request{Owner: owner, SubnetID: subnet}, deadline.C())
+		info, again, err := i.tryTake(ctx, n, datastore.Request{
+			Owner:    owner,
+			SubnetID: subnet,
+		}, deadline.C())
 		if !again {
 			return info, err
 		}

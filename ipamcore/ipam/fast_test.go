@@ -218,7 +218,12 @@ func TestFast_Release_IdempotentAndStaleSandboxIgnored(t *testing.T) {
 	if _, ok, err := w.ipam.Release(w.ctx, ref); ok || err != nil {
 		t.Fatalf("retried DEL = %v, %v; want ok=false, no error", ok, err)
 	}
-	unknown := podip.PodRef{Namespace: fastNS, Name: "never-ran", ContainerID: "x", Node: w.node}
+	unknown := podip.PodRef{
+		Namespace:   fastNS,
+		Name:        "never-ran",
+		ContainerID: "x",
+		Node:        w.node,
+	}
 	if _, ok, err := w.ipam.Release(w.ctx, unknown); ok || err != nil {
 		t.Fatalf("DEL of an unknown pod = %v, %v; want ok=false, no error", ok, err)
 	}

@@ -110,30 +110,50 @@ func (w *fastWorld) startCloud() {
 	t.Cleanup(func() { sim.Close() })
 	w.sim = sim
 	w.subnet = netip.MustParsePrefix("10.1.0.0/24")
-	subnet, err := sim.AddSubnet(bcesim.SubnetSpec{ID: "sbn-fast", ZoneName: fastZone, CIDR: w.subnet.String(), VPCID: fastVPC})
+	subnet, err := sim.AddSubnet(bcesim.SubnetSpec{
+		ID:       "sbn-fast",
+		ZoneName: fastZone,
+		CIDR:     w.subnet.String(),
+		VPCID:    fastVPC,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sg, err := sim.AddSecurityGroup(bcesim.SecurityGroupSpec{ID: "g-fast", VPCID: fastVPC})
+	sg, err := sim.AddSecurityGroup(bcesim.SecurityGroupSpec{
+		ID:    "g-fast",
+		VPCID: fastVPC,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	w.cloud, err = cloud.New(cloud.Config{
-		Endpoint: sim.URL(), Region: "bj", AccessKeyID: fastAK, SecretAccessKey: fastSK,
-		Rate: 1e6, Burst: 1e6, SDKRetryBase: time.Millisecond, ThrottleBackoff: time.Millisecond,
+		Endpoint:        sim.URL(),
+		Region:          "bj",
+		AccessKeyID:     fastAK,
+		SecretAccessKey: fastSK,
+		Rate:            1e6,
+		Burst:           1e6,
+		SDKRetryBase:    time.Millisecond,
+		ThrottleBackoff: time.Millisecond,
 	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(w.cloud.Close)
 	w.instance, err = sim.AddInstance(bcesim.InstanceSpec{
-		ID: "i-fast-0", SubnetID: subnet, CPUCount: 16, MemoryGB: fastMemGB, SecurityGroupIDs: []string{sg},
+		ID:               "i-fast-0",
+		SubnetID:         subnet,
+		CPUCount:         16,
+		MemoryGB:         fastMemGB,
+		SecurityGroupIDs: []string{sg},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	eni, err := w.cloud.CreateENI(w.ctx, cloud.CreateENIRequest{
-		Name: fastCluster + "/" + w.instance + "/" + w.node + "/000000", SubnetID: subnet, SecurityGroupIDs: []string{sg},
+		Name:             fastCluster + "/" + w.instance + "/" + w.node + "/000000",
+		SubnetID:         subnet,
+		SecurityGroupIDs: []string{sg},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -146,9 +166,12 @@ func (w *fastWorld) startCloud() {
 // addNode creates the Node object of the instance.
 func (w *fastWorld) addNode() {
 	_, err := w.kube.CoreV1().Nodes().Create(w.ctx, &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: w.node, Annotations: map[string]string{
-			cce.AnnotationMaxIPPerENI: strconv.Itoa(bcesim.MaxIPsPerENI(fastMemGB)),
-		}},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: w.node,
+			Annotations: map[string]string{
+				cce.AnnotationMaxIPPerENI: strconv.Itoa(bcesim.MaxIPsPerENI(fastMemGB)),
+			},
+		},
 		Spec: corev1.NodeSpec{ProviderID: "cce://" + w.instance},
 	}, metav1.CreateOptions{})
 	if err != nil {
@@ -159,8 +182,13 @@ func (w *fastWorld) addNode() {
 // startIPAM runs the IPAM and serves the node; the test's end stops it.
 func (w *fastWorld) startIPAM(cfg ipam.Config) {
 	t := w.t
-	ip, err := ipam.New(cfg, ipam.Deps{Kube: w.kube, CCE: w.cce, Cloud: w.cloud, Clock: w.clock},
-		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	deps := ipam.Deps{
+		Kube:  w.kube,
+		CCE:   w.cce,
+		Cloud: w.cloud,
+		Clock: w.clock,
+	}
+	ip, err := ipam.New(cfg, deps, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,12 +211,18 @@ func (w *fastWorld) startIPAM(cfg ipam.Config) {
 // and waits until the node's pod watch has it.
 func (w *fastWorld) createPod(name string) podip.PodRef {
 	w.t.Helper()
-	return w.createPodObject(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: fastNS}})
+	return w.createPodObject(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{
+		Name:      name,
+		Namespace: fastNS,
+	}})
 }
 
 func (w *fastWorld) createPodObject(pod *corev1.Pod) podip.PodRef {
 	w.t.Helper()
-	pod.Spec = corev1.PodSpec{NodeName: w.node, Containers: []corev1.Container{{Name: "c", Image: "pause"}}}
+	pod.Spec = corev1.PodSpec{
+		NodeName:   w.node,
+		Containers: []corev1.Container{{Name: "c", Image: "pause"}},
+	}
 	if _, err := w.kube.CoreV1().Pods(fastNS).Create(w.ctx, pod, metav1.CreateOptions{}); err != nil {
 		w.t.Fatal(err)
 	}
@@ -196,15 +230,24 @@ func (w *fastWorld) createPodObject(pod *corev1.Pod) podip.PodRef {
 		_, ok := w.ipam.PodFromCache(w.node, fastNS, pod.Name)
 		return ok
 	})
-	return podip.PodRef{Namespace: fastNS, Name: pod.Name, ContainerID: sandboxID(pod.Name, 1), Node: w.node}
+	return podip.PodRef{
+		Namespace:   fastNS,
+		Name:        pod.Name,
+		ContainerID: sandboxID(pod.Name, 1),
+		Node:        w.node,
+	}
 }
 
 // createStsPod creates a fixed-IP pod of a StatefulSet with `replicas`.
 func (w *fastWorld) createStsPod(sts string, ordinal int, replicas int32) podip.PodRef {
 	w.t.Helper()
 	set, err := w.kube.AppsV1().StatefulSets(fastNS).Create(w.ctx, &appsv1.StatefulSet{
-		ObjectMeta: metav1.ObjectMeta{Name: sts, Namespace: fastNS, UID: types.UID("uid-" + sts)},
-		Spec:       appsv1.StatefulSetSpec{Replicas: ptr.To(replicas)},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      sts,
+			Namespace: fastNS,
+			UID:       types.UID("uid-" + sts),
+		},
+		Spec: appsv1.StatefulSetSpec{Replicas: ptr.To(replicas)},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		w.t.Fatal(err)
@@ -214,7 +257,11 @@ func (w *fastWorld) createStsPod(sts string, ordinal int, replicas int32) podip.
 		Namespace:   fastNS,
 		Annotations: map[string]string{cce.AnnotationStsEnableFixIP: cce.EnableFixIPTrue},
 		OwnerReferences: []metav1.OwnerReference{{
-			APIVersion: "apps/v1", Kind: "StatefulSet", Name: sts, UID: set.UID, Controller: ptr.To(true),
+			APIVersion: "apps/v1",
+			Kind:       "StatefulSet",
+			Name:       sts,
+			UID:        set.UID,
+			Controller: ptr.To(true),
 		}},
 	}})
 }

@@ -119,7 +119,10 @@ func (i *IPAM) deleteWEP(ctx context.Context, wep *cce.WorkloadEndpoint) error {
 		}
 	}
 	err = client.Delete(ctx, wep.Name, metav1.DeleteOptions{
-		Preconditions: &metav1.Preconditions{UID: &wep.UID, ResourceVersion: &wep.ResourceVersion},
+		Preconditions: &metav1.Preconditions{
+			UID:             &wep.UID,
+			ResourceVersion: &wep.ResourceVersion,
+		},
 	})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete WorkloadEndpoint: %w", err)

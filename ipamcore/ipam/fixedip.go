@@ -156,7 +156,10 @@ func (i *IPAM) FreeMovedIP(ctx context.Context, node, namespace, name string, ad
 		ctx, cancel = context.WithDeadline(ctx, until)
 		defer cancel()
 	}
-	pod := datastore.PodKey{Namespace: namespace, Name: name}
+	pod := datastore.PodKey{
+		Namespace: namespace,
+		Name:      name,
+	}
 	held := false
 	switch _, err := i.store.Surrender(n.name, addr, pod); {
 	case err == nil:

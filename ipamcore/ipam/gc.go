@@ -64,7 +64,10 @@ func (i *IPAM) CollectGarbage(ctx context.Context) {
 			switch {
 			case synced[w.Spec.Node]:
 				if addr, err := netip.ParseAddr(w.Spec.IP); err == nil {
-					named[addr] = datastore.PodKey{Namespace: w.Namespace, Name: w.Name}
+					named[addr] = datastore.PodKey{
+						Namespace: w.Namespace,
+						Name:      w.Name,
+					}
 				}
 				i.collectServedWEP(ctx, w)
 				i.checkGhost(ctx, w)
@@ -238,7 +241,11 @@ func (i *IPAM) freeFixed(ctx context.Context, w *cce.WorkloadEndpoint, kind stri
 	}
 	err = i.deps.Cloud.DeletePrivateIP(ctx, w.Spec.ENIID, addr.String())
 	if err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) && !errors.Is(err, cloud.ErrENINotFound) {
-		owner := &datastore.Owner{Namespace: w.Namespace, Name: w.Name, ContainerID: w.Spec.ContainerID}
+		owner := &datastore.Owner{
+			Namespace:   w.Namespace,
+			Name:        w.Name,
+			ContainerID: w.Spec.ContainerID,
+		}
 		_, _ = i.store.Unhold(w.Spec.Node, addr, owner, i.deps.Clock.Now())
 		i.log.Warn("gc: delete fixed IP from the cloud; will retry", "ip", addr, "err", err)
 		return

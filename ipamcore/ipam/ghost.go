@@ -27,7 +27,10 @@ func (i *IPAM) checkGhost(ctx context.Context, w *cce.WorkloadEndpoint) {
 	if err != nil {
 		return
 	}
-	pod := datastore.PodKey{Namespace: w.Namespace, Name: w.Name}
+	pod := datastore.PodKey{
+		Namespace: w.Namespace,
+		Name:      w.Name,
+	}
 	info, err := i.store.LookupIP(addr)
 	if err != nil {
 		return // not recorded here: the ENI sync adopts it if the cloud has it

@@ -156,7 +156,10 @@ func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][
 		i.log.Warn("node capacity annotations malformed; using defaults", "node", name, "err", err)
 	}
 
-	in := datastore.RestoreInput{CoolFrom: start, Unsettled: true}
+	in := datastore.RestoreInput{
+		CoolFrom:  start,
+		Unsettled: true,
+	}
 	for _, e := range byInstance[instanceID] {
 		if e.Status != cloud.ENIStatusInUse || e.InstanceID != instanceID {
 			continue // attaching or detaching ENIs carry no pod IPs yet
@@ -165,7 +168,10 @@ func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][
 		if err != nil {
 			return nil, err
 		}
-		in.ENIs = append(in.ENIs, datastore.RestoreENI{ENI: de, IPs: ips})
+		in.ENIs = append(in.ENIs, datastore.RestoreENI{
+			ENI: de,
+			IPs: ips,
+		})
 	}
 
 	if claims == nil {
@@ -256,7 +262,12 @@ func (i *IPAM) appendClaim(claims []datastore.Claim, w *cce.WorkloadEndpoint) []
 // toDatastoreENI converts a cloud ENI, looking up its subnet's CIDR so that
 // cross-subnet addresses are told apart.
 func (i *IPAM) toDatastoreENI(ctx context.Context, e cloud.ENI, maxIPs int) (datastore.ENI, []netip.Addr, error) {
-	de := datastore.ENI{ID: e.ID, SubnetID: e.SubnetID, MAC: e.MACAddress, Capacity: maxIPs}
+	de := datastore.ENI{
+		ID:       e.ID,
+		SubnetID: e.SubnetID,
+		MAC:      e.MACAddress,
+		Capacity: maxIPs,
+	}
 	if sn, err := i.subnetCIDR(ctx, e.SubnetID); err == nil {
 		de.SubnetCIDR = sn
 	} else {

@@ -41,7 +41,10 @@ type nodeCache struct {
 // startNodeCache starts the node's pod watch; stop ends it.
 func startNodeCache(ctx context.Context, name string, kube kubernetes.Interface) *nodeCache {
 	ctx, cancel := context.WithCancel(ctx)
-	c := &nodeCache{pods: newNodeStore(slimPod), cancel: cancel}
+	c := &nodeCache{
+		pods:   newNodeStore(slimPod),
+		cancel: cancel,
+	}
 	r := cache.NewReflectorWithOptions(nodePodsListWatch(kube, name), &corev1.Pod{}, c.pods,
 		cache.ReflectorOptions{Name: "pods of node " + name})
 	c.done.Go(func() { r.RunWithContext(ctx) })
@@ -103,7 +106,10 @@ type nodeStore struct {
 }
 
 func newNodeStore(slim func(any) any) *nodeStore {
-	return &nodeStore{Store: cache.NewStore(cache.MetaNamespaceKeyFunc), slim: slim}
+	return &nodeStore{
+		Store: cache.NewStore(cache.MetaNamespaceKeyFunc),
+		slim:  slim,
+	}
 }
 
 func (s *nodeStore) Add(obj any) error    { return s.Store.Add(s.slim(obj)) }

@@ -256,7 +256,10 @@ func (i *IPAM) deleteFromCloud(ctx context.Context, n *node, eniID string, held 
 		}
 		due := i.deps.Clock.Now().Add(i.cfg.ReadLag)
 		for _, a := range chunk {
-			unsettled[a] = unsettledTrim{eniID: eniID, due: due}
+			unsettled[a] = unsettledTrim{
+				eniID: eniID,
+				due:   due,
+			}
 		}
 		i.log.Warn("trimming the pool had an unclear outcome; the IPs stay out of the pool until a read of the ENI settles them",
 			"node", n.name, "eni", eniID, "ips", chunk, "class", class.String(), "settle_in", i.cfg.ReadLag, "err", err)
@@ -332,7 +335,10 @@ func (i *IPAM) settleTrims(ctx context.Context, n *node, unsettled unsettledTrim
 		// afresh), or the lease is at risk: try later, not in a loop.
 		for a, x := range unsettled {
 			if !x.due.After(now) {
-				unsettled[a] = unsettledTrim{eniID: x.eniID, due: now.Add(trimSettleRetry)}
+				unsettled[a] = unsettledTrim{
+					eniID: x.eniID,
+					due:   now.Add(trimSettleRetry),
+				}
 			}
 		}
 		return
@@ -353,7 +359,10 @@ func (i *IPAM) settleTrims(ctx context.Context, n *node, unsettled unsettledTrim
 			i.log.Warn("reading an ENI to settle unclear trims failed; will retry", "node", n.name, "eni", eniID,
 				"ips", len(addrs), "retry_in", trimSettleRetry, "err", err)
 			for _, a := range addrs {
-				unsettled[a] = unsettledTrim{eniID: eniID, due: now.Add(trimSettleRetry)}
+				unsettled[a] = unsettledTrim{
+					eniID: eniID,
+					due:   now.Add(trimSettleRetry),
+				}
 			}
 			continue
 		}

@@ -30,7 +30,11 @@ func TestNotHere_KeepsTextAndIdentity(t *testing.T) {
 }
 
 func TestPodRef_String_ShortensContainerID(t *testing.T) {
-	ref := podip.PodRef{Namespace: "ns", Name: "web-0", ContainerID: "0123456789abcdef0123"}
+	ref := podip.PodRef{
+		Namespace:   "ns",
+		Name:        "web-0",
+		ContainerID: "0123456789abcdef0123",
+	}
 	if got, want := ref.String(), "ns/web-0 (0123456789ab)"; got != want {
 		t.Errorf("String() = %q, want %q", got, want)
 	}

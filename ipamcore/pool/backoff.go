@@ -21,7 +21,10 @@ type BackoffPolicy struct {
 
 // DefaultBackoffPolicy: 2s doubling up to 60s, as in the reference.
 func DefaultBackoffPolicy() BackoffPolicy {
-	return BackoffPolicy{Initial: 2 * time.Second, Max: 60 * time.Second}
+	return BackoffPolicy{
+		Initial: 2 * time.Second,
+		Max:     60 * time.Second,
+	}
 }
 
 // Validate checks the policy.
@@ -60,5 +63,9 @@ func (p BackoffPolicy) Fail(prev Backoff, attempted int, now time.Time) Backoff 
 		d *= 2
 	}
 	d = min(d, p.Max)
-	return Backoff{Failures: f, Until: now.Add(d), MaxBatch: max(1, attempted/2)}
+	return Backoff{
+		Failures: f,
+		Until:    now.Add(d),
+		MaxBatch: max(1, attempted/2),
+	}
 }

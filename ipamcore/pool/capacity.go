@@ -34,7 +34,12 @@ type Capacity struct {
 // DefaultCapacity is used for annotations that are missing: an 8-32 GB
 // node with 8 CPUs as the node agent would describe it.
 func DefaultCapacity() Capacity {
-	return Capacity{MaxIPsPerENI: 16, MaxENIs: 8, WarmIPTarget: 8, PreAttachedENIs: 1}
+	return Capacity{
+		MaxIPsPerENI:    16,
+		MaxENIs:         8,
+		WarmIPTarget:    8,
+		PreAttachedENIs: 1,
+	}
 }
 
 // Validate checks a capacity.

@@ -71,22 +71,35 @@ func PlanGrow(cfg Config, capc Capacity, st NodeState, backoff map[string]Backof
 		b := backoff[e.ID]
 		switch {
 		case e.SubnetExhausted:
-			p.Skips = append(p.Skips, Skip{ENIID: e.ID, Reason: SkipSubnetExhausted})
+			p.Skips = append(p.Skips, Skip{
+				ENIID:  e.ID,
+				Reason: SkipSubnetExhausted,
+			})
 			continue
 		case b.Active(now):
-			p.Skips = append(p.Skips, Skip{ENIID: e.ID, Reason: SkipBackoff, Until: b.Until})
+			p.Skips = append(p.Skips, Skip{
+				ENIID:  e.ID,
+				Reason: SkipBackoff,
+				Until:  b.Until,
+			})
 			continue
 		}
 		room := eniRoom(e, capc)
 		if room <= 0 {
-			p.Skips = append(p.Skips, Skip{ENIID: e.ID, Reason: SkipENIFull})
+			p.Skips = append(p.Skips, Skip{
+				ENIID:  e.ID,
+				Reason: SkipENIFull,
+			})
 			continue
 		}
 		n := min(room, left, MaxIPsPerCall)
 		if b.MaxBatch > 0 {
 			n = min(n, b.MaxBatch)
 		}
-		p.Adds = append(p.Adds, Add{ENIID: e.ID, Count: n})
+		p.Adds = append(p.Adds, Add{
+			ENIID: e.ID,
+			Count: n,
+		})
 		left -= n
 	}
 	p.Short = left

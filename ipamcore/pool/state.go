@@ -58,7 +58,11 @@ func (s NodeState) Idle() int {
 func StateFromSnapshot(snap datastore.NodeSnapshot, exhausted map[string]bool) NodeState {
 	st := NodeState{ENIs: make([]ENIState, 0, len(snap.ENIs))}
 	for _, es := range snap.ENIs {
-		e := ENIState{ID: es.ENI.ID, Capacity: es.ENI.Capacity, SubnetExhausted: exhausted[es.ENI.SubnetID]}
+		e := ENIState{
+			ID:              es.ENI.ID,
+			Capacity:        es.ENI.Capacity,
+			SubnetExhausted: exhausted[es.ENI.SubnetID],
+		}
 		for _, ip := range es.IPs {
 			e.Total++
 			switch ip.State {

@@ -135,9 +135,21 @@ func (c *Controller) syncOne(ctx context.Context, id string) error {
 	cur, err := client.Get(ctx, id, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		_, err = client.Create(ctx, &cce.Subnet{
-			ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: cce.SubnetNamespace},
-			Spec:       cce.SubnetSpec{ID: sn.ID, Name: sn.Name, AvailabilityZone: sn.ZoneName, CIDR: sn.CIDR},
-			Status:     cce.SubnetStatus{Enable: true, AvailableIPNum: int32(sn.AvailableIP), HasNoMoreIP: sn.AvailableIP <= 0},
+			ObjectMeta: metav1.ObjectMeta{
+				Name:      id,
+				Namespace: cce.SubnetNamespace,
+			},
+			Spec: cce.SubnetSpec{
+				ID:               sn.ID,
+				Name:             sn.Name,
+				AvailabilityZone: sn.ZoneName,
+				CIDR:             sn.CIDR,
+			},
+			Status: cce.SubnetStatus{
+				Enable:         true,
+				AvailableIPNum: int32(sn.AvailableIP),
+				HasNoMoreIP:    sn.AvailableIP <= 0,
+			},
 		}, metav1.CreateOptions{})
 		if err == nil {
 			c.writes.Inc()

@@ -14,7 +14,10 @@ const Version = "v1alpha1"
 
 // SchemeGroupVersion is the group and version of this package's kinds. The
 // generated clientset refers to it by this name.
-var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: Version}
+var SchemeGroupVersion = schema.GroupVersion{
+	Group:   GroupName,
+	Version: Version,
+}
 
 // Resource returns the GroupResource of a plural resource name in this group,
 // as used in API errors (apierrors.NewNotFound(v1alpha1.Resource("ippools"), name)).

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/cce-ipam/sharded/cloud/bcesim"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
@@ -314,6 +315,54 @@ func TestFast_GC_FixedIPOfDeletedStatefulSetReturnedToCloud(t *testing.T) {
 	}
 	if w.cloudHas(ep.ENIID, ep.IP) {
 		t.Fatalf("%s is still on %s in the cloud", ep.IP, ep.ENIID)
+	}
+	w.verify()
+}
+
+// An ADD that finds the pool empty while the cloud refuses to grow it fails
+// after AllocateWait with ErrPoolExhausted (kubelet retries) and leaves
+// nothing assigned. (Whether the message names the cloud's error depends on
+// whether the worker's failed grow ended before the wait did.)
+func TestFast_Allocate_PoolExhaustedAfterAllocateWait(t *testing.T) {
+	t.Parallel()
+	w := newFastWorld(t, fastConfig())
+	w.waitIdle(2)
+	failAdds := bcesim.Faults{ErrorRate: map[bcesim.Op]float64{
+		bcesim.OpBatchAddPrivateIP: 1,
+		bcesim.OpCreateENI:         1,
+	}}
+	if err := w.sim.SetFaults(failAdds); err != nil {
+		t.Fatal(err)
+	}
+	w.allocate(w.createPod("a"))
+	w.allocate(w.createPod("b"))
+
+	ref := w.createPod("c")
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.ipam.Allocate(w.ctx, ref)
+		done <- err
+	}()
+	// The ADD waits on the fake clock: step it past AllocateWait until the
+	// wait (started at some point in the loop) has run out.
+	var err error
+	w.waitFor("the ADD to give up", func() bool {
+		select {
+		case err = <-done:
+			return true
+		default:
+			w.clock.Step(fastConfig().AllocateWait)
+			return false
+		}
+	})
+	if !errors.Is(err, ipam.ErrPoolExhausted) || errors.Is(err, podip.ErrNotHere) {
+		t.Fatalf("ADD on an exhausted pool: %v, want ErrPoolExhausted", err)
+	}
+	if w.wep("c") != nil {
+		t.Fatal("a failed ADD wrote a wep")
+	}
+	if st := w.stats(); st.Assigned != 2 {
+		t.Errorf("assigned = %d, want the 2 earlier pods only", st.Assigned)
 	}
 	w.verify()
 }

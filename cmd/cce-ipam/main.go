@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/ipamcore/cni"
@@ -68,17 +69,19 @@ type options struct {
 	shard         shard.Config
 }
 
-func main() {
-	var o options
-	fs := pflag.NewFlagSet("cce-ipam", pflag.ContinueOnError)
+func (o *options) registerFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster config")
-	fs.StringVar(&o.grpcListen, "grpc-listen", ":9997", "address of the CNI gRPC service (rpc.CNIBackend), also used by other replicas to forward calls")
+	fs.StringVar(&o.grpcListen, "grpc-listen", ":9997",
+		"address of the CNI gRPC service (rpc.CNIBackend), also used by other replicas to forward calls")
 	fs.StringVar(&o.metricsListen, "metrics-listen", ":9998", "address of /metrics, /healthz, /readyz and /shard/status")
-	fs.BoolVar(&o.profiling, "enable-profiling", false, "serve Go's /debug/pprof/ on the metrics address (heap and CPU profiles; do not expose that address outside the cluster)")
+	fs.BoolVar(&o.profiling, "enable-profiling", false,
+		"serve Go's /debug/pprof/ on the metrics address (heap and CPU profiles; do not expose that address outside the cluster)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.Float32Var(&o.kubeQPS, "kube-api-qps", 50, "queries per second to the API server (client-side limit; lease renewals have their own)")
 	fs.IntVar(&o.kubeBurst, "kube-api-burst", 100, "burst of queries to the API server")
-	fs.Float32Var(&o.watchQPS, "kube-watch-qps", 100, "queries per second for the served nodes' pod watches (one per node, started on a takeover; a client of their own so that they do not delay CNI calls)")
+	fs.Float32Var(&o.watchQPS, "kube-watch-qps", 100,
+		"queries per second for the served nodes' pod watches (one per node, started on a takeover; "+
+			"a client of their own so that they do not delay CNI calls)")
 	fs.IntVar(&o.watchBurst, "kube-watch-burst", 200, "burst of the served nodes' watch requests")
 	o.cloud.RegisterFlags(fs)
 	o.ipam.RegisterFlags(fs)
@@ -87,6 +90,26 @@ func main() {
 	o.members.RegisterFlags(fs)
 	o.leader.RegisterFlags(fs)
 	o.shard.RegisterFlags(fs)
+}
+
+// Validate checks every component's options, once they are complete (the
+// advertised addresses are known once the listeners are up).
+func (o options) Validate() error {
+	return errors.Join(
+		o.cloud.Validate(),
+		o.ipam.Validate(),
+		o.cni.Validate(),
+		o.subnet.Validate(),
+		o.members.Validate(),
+		o.leader.Validate(),
+		o.shard.Validate(),
+	)
+}
+
+func main() {
+	var o options
+	fs := pflag.NewFlagSet("cce-ipam", pflag.ContinueOnError)
+	o.registerFlags(fs)
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return
@@ -94,7 +117,7 @@ func main() {
 		os.Exit(2)
 	}
 	if !fs.Changed("leader-elect-lease-namespace") {
-		o.leader.Namespace = "" // follow --namespace
+		o.leader.Namespace = o.shard.Namespace // the leader Lease follows --namespace
 	}
 	if !fs.Changed("memberlist-name-prefix") && os.Getenv("POD_NAME") != "" {
 		o.members.NamePrefix = os.Getenv("POD_NAME")
@@ -102,6 +125,8 @@ func main() {
 	if !fs.Changed("memberlist-advertise-addr") && os.Getenv("POD_IP") != "" {
 		o.members.AdvertiseAddr = os.Getenv("POD_IP")
 	}
+	o.members.NamePrefix = strings.ToLower(o.members.NamePrefix)
+	o.members.Version = version
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		fmt.Fprintf(os.Stderr, "cce-ipam: --log-level: %v\n", err)
@@ -110,96 +135,190 @@ func main() {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, o, log); err != nil {
+	r, err := newReplica(o, log)
+	if err == nil {
+		err = r.Run(ctx)
+	}
+	if err != nil {
 		log.Error("cce-ipam stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(sigCtx context.Context, o options, log *slog.Logger) error {
-	start := time.Now()
-	for _, v := range []interface{ Validate() error }{&o.cloud, o.ipam, &o.cni, o.subnet, o.shard} {
-		if err := v.Validate(); err != nil {
-			return err
-		}
-	}
-	o.shard = o.shard.WithDefaults() // the leader Lease follows its namespace
-	if o.leader.Namespace == "" {
-		o.leader.Namespace = o.shard.Namespace
-	}
+// replica is one cce-ipam process: its components, built by newReplica in
+// the order they depend on each other, run by Run.
+type replica struct {
+	log        *slog.Logger
+	grpcLis    net.Listener
+	metricsLis net.Listener
+	provider   *cloud.Client
+	members    *membership.Membership
+	elector    *membership.Elector
+	core       *ipam.IPAM
+	coord      *shard.Coordinator
+	router     *shard.Router
+	grpc       *grpc.Server
+	http       *http.Server
+}
+
+// kubeClients are the API server clients, each with a connection and a
+// rate limit of its own where one kind of traffic must not delay another.
+type kubeClients struct {
+	kube kubernetes.Interface // the IPAM's and the leader election's
+	cce  cceclient.Interface
+	// lease renews the replica Lease and claims partitions: a busy IPAM
+	// cannot starve the fence of its renewals.
+	lease kubernetes.Interface
+	// probe makes a claim's dry-run fencing probes (shard.Deps.FenceProbe):
+	// a cold start's hundreds must not queue behind, or delay, CNI calls.
+	probe cceclient.Interface
+	// watch runs the served nodes' pod watches.
+	watch kubernetes.Interface
+}
+
+func newKubeClients(o options, log *slog.Logger) (kubeClients, error) {
 	restCfg, err := kubeConfig(o.kubeconfig)
 	if err != nil {
-		return err
+		return kubeClients{}, err
 	}
 	restCfg.WarningHandler = &warnOnce{log: log}
-	grpcLis, err := net.Listen("tcp", o.grpcListen)
+	restCfg.QPS, restCfg.Burst = o.kubeQPS, o.kubeBurst
+	restCfg.UserAgent = "cce-ipam/" + version
+	leaseCfg := ownConnection(restCfg)
+	leaseCfg.QPS, leaseCfg.Burst = 100, 300
+	probeCfg := ownConnection(restCfg)
+	probeCfg.QPS, probeCfg.Burst = 100, 300
+	watchCfg := ownConnection(restCfg)
+	watchCfg.QPS, watchCfg.Burst = o.watchQPS, o.watchBurst
+	// Pods travel as protobuf (smaller and cheaper to decode).
+	watchCfg.ContentType = "application/vnd.kubernetes.protobuf"
+	watchCfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	// No gzip: every per-node pod watch would hold a decompressor for a
+	// trickle of events (shard/DESIGN.md, "Process wiring").
+	watchCfg.DisableCompression = true
+	return kubeClients{
+		kube:  kubernetes.NewForConfigOrDie(restCfg),
+		cce:   cceclient.NewForConfigOrDie(restCfg),
+		lease: kubernetes.NewForConfigOrDie(leaseCfg),
+		probe: cceclient.NewForConfigOrDie(probeCfg),
+		watch: kubernetes.NewForConfigOrDie(watchCfg),
+	}, nil
+}
+
+// newReplica builds the components in dependency order: the cloud client
+// and gossip first, then the leader election (and the Subnet controller it
+// runs), the fence, the IPAM (fenced by it), the coordinator (which
+// publishes the fence and drives the IPAM), the router, the servers.
+func newReplica(o options, log *slog.Logger) (_ *replica, err error) {
+	start := time.Now()
+	r := &replica{log: log}
+	defer func() {
+		if err != nil {
+			r.closeEarly()
+		}
+	}()
+	addrs, err := r.listen(&o)
 	if err != nil {
-		return fmt.Errorf("listen for gRPC: %w", err)
+		return nil, err
 	}
-	metricsLis, err := net.Listen("tcp", o.metricsListen)
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	clients, err := newKubeClients(o, log)
 	if err != nil {
-		return fmt.Errorf("listen for metrics: %w", err)
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if r.provider, err = cloud.New(o.cloud, log.With("component", "cloud"), reg); err != nil {
+		return nil, err
+	}
+	if r.members, err = membership.New(o.members, start, log.With("component", "membership"), reg); err != nil {
+		return nil, err
+	}
+	self := r.members.Name()
+	r.log = log.With("member", self)
+	leaderName, err := r.newElector(o, clients, self, reg)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.newShard(o, clients, self, addrs, reg); err != nil {
+		return nil, err
+	}
+	r.newServers(o, leaderName, reg)
+	r.log.Info("cce-ipam starting", "version", version, "grpc", r.grpcLis.Addr().String(),
+		"metrics", r.metricsLis.Addr().String(), "advertise", addrs, "namespace", o.shard.Namespace)
+	return r, nil
+}
+
+// listen opens the gRPC and metrics listeners and completes the addresses
+// other replicas reach this one at.
+func (r *replica) listen(o *options) (shard.Addresses, error) {
+	var err error
+	if r.grpcLis, err = net.Listen("tcp", o.grpcListen); err != nil {
+		return shard.Addresses{}, fmt.Errorf("listen for gRPC: %w", err)
+	}
+	if r.metricsLis, err = net.Listen("tcp", o.metricsListen); err != nil {
+		return shard.Addresses{}, fmt.Errorf("listen for metrics: %w", err)
 	}
 	addrs := shard.Addresses{
-		GRPC: advertised(grpcLis.Addr(), o.members.AdvertiseAddr),
-		HTTP: advertised(metricsLis.Addr(), o.members.AdvertiseAddr),
+		GRPC: advertised(r.grpcLis.Addr(), o.members.AdvertiseAddr),
+		HTTP: advertised(r.metricsLis.Addr(), o.members.AdvertiseAddr),
 	}
 	if o.members.GRPCAddr == "" {
 		o.members.GRPCAddr = addrs.GRPC
 	} else {
 		addrs.GRPC = o.members.GRPCAddr
 	}
-	o.members.NamePrefix = strings.ToLower(o.members.NamePrefix)
-	o.members.Version = version
+	return addrs, nil
+}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	provider, err := cloud.New(o.cloud, log.With("component", "cloud"), reg)
-	if err != nil {
-		return err
-	}
-	defer provider.Close()
-	members, err := membership.New(o.members, start, log.With("component", "membership"), reg)
-	if err != nil {
-		return err
-	}
-	self := members.Name()
-	log = log.With("member", self)
-	restCfg.QPS, restCfg.Burst = o.kubeQPS, o.kubeBurst
-	restCfg.UserAgent = "cce-ipam/" + version
-	kube := kubernetes.NewForConfigOrDie(restCfg)
-	cceClient := cceclient.NewForConfigOrDie(restCfg)
-	// Lease renewals and claims get a client (rate limit and connection) of
-	// their own, so that a busy IPAM cannot starve the fence of its renewals.
-	leaseCfg := ownConnection(restCfg)
-	leaseCfg.QPS, leaseCfg.Burst = 100, 300
-	leaseKube := kubernetes.NewForConfigOrDie(leaseCfg)
-	// A claim's dry-run fencing probes (shard.Deps.FenceProbe) as well: a
-	// cold start's 271 must not queue behind, or delay, CNI calls.
-	probeCfg := ownConnection(restCfg)
-	probeCfg.QPS, probeCfg.Burst = 100, 300
-	probeCCE := cceclient.NewForConfigOrDie(probeCfg)
-	watchCfg := ownConnection(restCfg)
-	watchCfg.QPS, watchCfg.Burst = o.watchQPS, o.watchBurst
-	// Pods travel as protobuf (smaller and cheaper to decode).
-	watchCfg.ContentType = "application/vnd.kubernetes.protobuf"
-	watchCfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	// No gzip: every per-node pod watch would hold a decompressor (~30 KiB)
-	// for a trickle of events. Measured at 300 nodes, 1 replica: Go heap in
-	// use 87 → 64 MiB, peak RSS 151 → 132 MiB (bench, scale item).
-	watchCfg.DisableCompression = true
+// newElector builds the leader election, which runs the singletons: the
+// Subnet controller (and, through IsLeader, the IPAM's sweep of the IPPools
+// of deleted nodes). It returns the current leader's name as it changes.
+func (r *replica) newElector(o options, clients kubeClients, self string, reg prometheus.Registerer) (*atomic.Value, error) {
+	leaderName := &atomic.Value{} // string
+	leaderName.Store("")
+	subnets := subnet.NewController(o.subnet, clients.cce, r.provider, r.log.With("component", "subnet"), reg)
+	var err error
+	r.elector, err = membership.NewElector(o.leader, clients.kube, self, membership.LeaderCallbacks{
+		OnStartedLeading: func(ctx context.Context) {
+			if err := subnets.Run(ctx); err != nil && ctx.Err() == nil {
+				r.log.Error("subnet controller stopped", "err", err)
+			}
+		},
+		OnNewLeader: func(id string) { leaderName.Store(id) },
+	}, r.log.With("component", "leader"), reg)
+	return leaderName, err
+}
 
-	var elector *membership.Elector
-	leader := func() bool { return elector != nil && elector.IsLeader() }
-	core, err := ipam.New(o.ipam, ipam.Deps{Kube: kube, CCE: cceClient, Cloud: provider, IsLeader: leader,
-		WatchKube: kubernetes.NewForConfigOrDie(watchCfg)},
-		log.With("component", "ipam"), reg)
+// newShard builds the fence, the IPAM it fences, the coordinator that
+// publishes it and the router in front of the IPAM.
+func (r *replica) newShard(o options, clients kubeClients, self string, addrs shard.Addresses, reg prometheus.Registerer) error {
+	clk := clock.RealClock{}
+	fence := shard.NewFence(o.shard, self, clk)
+	var err error
+	r.core, err = ipam.New(o.ipam, ipam.Deps{
+		Kube:      clients.kube,
+		CCE:       clients.cce,
+		Cloud:     r.provider,
+		Fence:     fence,
+		IsLeader:  r.elector.IsLeader,
+		WatchKube: clients.watch,
+	}, r.log.With("component", "ipam"), reg)
 	if err != nil {
 		return err
 	}
-	coord, err := shard.New(o.shard, self, addrs, shard.Deps{
-		Kube: leaseKube, Nodes: core, NodeInformer: core.NodeInformer(),
-		Budget: provider, GlobalRate: o.cloud.Rate, GlobalBurst: o.cloud.Burst,
+	members := r.members
+	r.coord, err = shard.New(o.shard, self, addrs, shard.Deps{
+		Kube:         clients.lease,
+		Nodes:        r.core,
+		NodeInformer: r.core.NodeInformer(),
+		Fence:        fence,
+		Clock:        clk,
+		Budget:       r.provider,
+		GlobalRate:   o.cloud.Rate,
+		GlobalBurst:  o.cloud.Burst,
 		Gossip: func() []string {
 			var names []string
 			for _, m := range members.Members() {
@@ -208,140 +327,173 @@ func run(sigCtx context.Context, o options, log *slog.Logger) error {
 			return names
 		},
 		FenceProbe: func(ctx context.Context, tok ipam.FenceToken) (bool, error) {
-			return ipam.ProbeFence(ctx, probeCCE, time.Now(), o.shard.Namespace, "cce-ipam-fence-probe", tok)
+			return ipam.ProbeFence(ctx, clients.probe, time.Now(), o.shard.Namespace, "cce-ipam-fence-probe", tok)
 		},
-	}, log.With("component", "shard"), reg)
+	}, r.log.With("component", "shard"), reg)
 	if err != nil {
 		return err
 	}
-	defer coord.Close() // after the gRPC server has drained (deferred last-in, first-out)
-	core.SetFence(coord)
-	provider.SetGate(coord.Gate)
-
-	var leaderName atomic.Value // string
-	leaderName.Store("")
-	subnets := subnet.NewController(o.subnet, cceClient, provider, log.With("component", "subnet"), reg)
-	elector, err = membership.NewElector(o.leader, kube, self, membership.LeaderCallbacks{
-		// The singletons: the Subnet controller (and, through IsLeader,
-		// the sweep of IPPools of deleted nodes).
-		OnStartedLeading: func(ctx context.Context) {
-			if err := subnets.Run(ctx); err != nil && ctx.Err() == nil {
-				log.Error("subnet controller stopped", "err", err)
-			}
-		},
-		OnNewLeader: func(id string) { leaderName.Store(id) },
-	}, log.With("component", "leader"), reg)
+	// A setter, as cloud.New takes no gate yet: the gate needs the budget
+	// share the coordinator negotiates for the very client it gates.
+	r.provider.SetGate(r.coord.Gate)
+	key, err := forwardKey(o, r.log)
 	if err != nil {
 		return err
 	}
+	r.router = shard.NewRouter(shard.RouterDeps{
+		Self:      self,
+		Routes:    fence,
+		Local:     r.core,
+		Locator:   r.core,
+		Auth:      shard.NewAuthenticator(key),
+		OwnerWait: o.shard.OwnerWait,
+	}, r.log.With("component", "router"), reg)
+	// A setter: the router serves locally through the IPAM, and the IPAM
+	// moves fixed IPs to other replicas through the router.
+	r.core.SetFixedIPMover(r.router)
+	return nil
+}
 
+// forwardKey loads the key that authenticates forwarded calls: the forward
+// key file, else the gossip key file; with neither, none.
+func forwardKey(o options, log *slog.Logger) ([]byte, error) {
 	keyFile := o.shard.ForwardKeyFile
 	if keyFile == "" {
 		keyFile = o.members.GossipKeyFile
 	}
-	var key []byte
-	if keyFile != "" {
-		if key, err = membership.LoadGossipKey(keyFile); err != nil {
-			return fmt.Errorf("forward key: %w", err)
-		}
-	} else {
-		log.Warn("no forward key (--shard-forward-key-file or --memberlist-gossip-key-file): calls forwarded between replicas are NOT authenticated")
+	if keyFile == "" {
+		log.Warn("no forward key (--shard-forward-key-file or --memberlist-gossip-key-file): " +
+			"calls forwarded between replicas are NOT authenticated")
+		return nil, nil
 	}
-	router := shard.NewRouter(shard.RouterDeps{
-		Self:      self,
-		Routes:    coord.Fence(),
-		Local:     core,
-		Locator:   core,
-		Auth:      shard.NewAuthenticator(key),
-		OwnerWait: o.shard.OwnerWait,
-	}, log.With("component", "router"), reg)
-	core.SetFixedIPMover(router)
-	defer router.Close()
+	key, err := membership.LoadGossipKey(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("forward key: %w", err)
+	}
+	return key, nil
+}
 
-	gs := grpc.NewServer(grpc.UnaryInterceptor(router.UnaryInterceptor))
-	rpc.RegisterCNIBackendServer(gs, cni.NewServer(o.cni, router, log.With("component", "cni"), reg))
+// newServers builds the CNI gRPC server (behind the router) and the HTTP
+// server of /metrics, the probes and /shard/.
+func (r *replica) newServers(o options, leaderName *atomic.Value, reg *prometheus.Registry) {
+	r.grpc = grpc.NewServer(grpc.UnaryInterceptor(r.router.UnaryInterceptor))
+	rpc.RegisterCNIBackendServer(r.grpc, cni.NewServer(o.cni, r.router, r.log.With("component", "cni"), reg))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(core, members, coord); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		if detail := coord.FencingPolicy(); detail != "" {
-			// Ready, but fenced by this replica's clock only.
-			_, _ = w.Write([]byte("ok; WARNING: " + detail))
-			return
-		}
-		_, _ = w.Write([]byte("ok"))
-	})
+	mux.HandleFunc("/readyz", r.readyz)
 	if o.profiling {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	mux.Handle("/shard/", coord.StatusHandler(func() (string, bool) { return leaderName.Load().(string), elector.IsLeader() },
-		func(node string) (any, error) { return core.Stats(node) }))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	log.Info("cce-ipam starting", "version", version, "grpc", grpcLis.Addr().String(), "metrics", metricsLis.Addr().String(),
-		"advertise", addrs, "namespace", o.shard.Namespace)
+	leader := func() (string, bool) { return leaderName.Load().(string), r.elector.IsLeader() }
+	mux.Handle("/shard/", r.coord.StatusHandler(leader, func(node string) (any, error) { return r.core.Stats(node) }))
+	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+}
 
-	// Everything but the coordinator runs until the coordinator has handed
-	// its nodes over: a leaving replica keeps forwarding CNI calls meanwhile.
+// readyz: ready once caches are synced, gossip is up, the lease is held and
+// every owned node is built; a replica fenced by its own clock only says so.
+func (r *replica) readyz(w http.ResponseWriter, _ *http.Request) {
+	if err := r.ready(); err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	if detail := r.coord.FencingPolicy(); detail != "" {
+		_, _ = w.Write([]byte("ok; WARNING: " + detail))
+		return
+	}
+	_, _ = w.Write([]byte("ok"))
+}
+
+func (r *replica) ready() error {
+	select {
+	case <-r.core.Ready():
+	default:
+		return errors.New("caches not synced")
+	}
+	select {
+	case <-r.members.Started():
+	default:
+		return errors.New("gossip not started")
+	}
+	return r.coord.Ready()
+}
+
+// closeEarly releases what a failed newReplica had already opened.
+func (r *replica) closeEarly() {
+	for _, l := range []net.Listener{r.grpcLis, r.metricsLis} {
+		if l != nil {
+			_ = l.Close()
+		}
+	}
+	if r.provider != nil {
+		r.provider.Close()
+	}
+}
+
+// Run serves until ctx ends, then shuts the replica down in this order:
+//  1. the coordinator leaves: it hands its partitions over while everything
+//     else keeps running (a leaving replica keeps forwarding CNI calls);
+//  2. once it has left, or as soon as any component fails, the rest stops:
+//     the IPAM, gossip and the leader election end, the gRPC server finishes
+//     the calls in flight, the HTTP server shuts down (5 s at most);
+//  3. once every one of those has returned: the router's connections to the
+//     other replicas close, then the coordinator's Lease informers (routing
+//     needed them until the last forwarded call), then the cloud client.
+func (r *replica) Run(ctx context.Context) error {
+	err := r.serve(ctx)
+	for _, closeStep := range []func(){
+		r.router.Close,
+		r.coord.Close,
+		r.provider.Close,
+	} {
+		closeStep()
+	}
+	return err
+}
+
+// serve runs every component until step 2 of Run's shutdown is done.
+func (r *replica) serve(ctx context.Context) error {
 	baseCtx, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
 	g, gctx := errgroup.WithContext(baseCtx)
-	coordCtx, cancelCoord := context.WithCancel(sigCtx)
+	coordCtx, cancelCoord := context.WithCancel(ctx)
 	defer cancelCoord()
-	stopCoord := context.AfterFunc(gctx, cancelCoord)
+	stopCoord := context.AfterFunc(gctx, cancelCoord) // a failing component ends the coordinator too
 	defer stopCoord()
 
-	g.Go(func() error { return core.Run(gctx) })
-	g.Go(func() error { return members.Run(gctx) })
+	g.Go(func() error { return r.core.Run(gctx) })
+	g.Go(func() error { return r.members.Run(gctx) })
 	g.Go(func() error {
-		for ev := range members.Events() {
-			log.Debug("membership event", "event", ev.Type.String(), "member", ev.Member.Name)
-			coord.Kick()
+		for ev := range r.members.Events() {
+			r.log.Debug("membership event", "event", ev.Type.String(), "member", ev.Member.Name)
+			r.coord.Kick()
 		}
 		return nil
 	})
-	g.Go(func() error { return elector.Run(gctx) })
+	g.Go(func() error { return r.elector.Run(gctx) })
 	g.Go(func() error {
-		err := coord.Run(coordCtx)
-		cancelBase()
+		err := r.coord.Run(coordCtx)
+		cancelBase() // step 2: the rest stops once the coordinator has left
 		return err
 	})
-	g.Go(func() error { return gs.Serve(grpcLis) })
+	g.Go(func() error { return r.grpc.Serve(r.grpcLis) })
 	g.Go(func() error {
-		if err := hs.Serve(metricsLis); !errors.Is(err, http.ErrServerClosed) {
+		if err := r.http.Serve(r.metricsLis); !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
 		return nil
 	})
 	g.Go(func() error {
 		<-gctx.Done()
-		gs.GracefulStop()
+		r.grpc.GracefulStop()
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		return hs.Shutdown(shutdownCtx)
+		return r.http.Shutdown(shutdownCtx)
 	})
 	return g.Wait()
-}
-
-// ready: caches synced, gossip up, lease held and every owned node built.
-func ready(core *ipam.IPAM, members *membership.Membership, coord *shard.Coordinator) error {
-	select {
-	case <-core.Ready():
-	default:
-		return errors.New("caches not synced")
-	}
-	select {
-	case <-members.Started():
-	default:
-		return errors.New("gossip not started")
-	}
-	return coord.Ready()
 }
 
 // advertised is the address peers reach a listener at: the listener's host

@@ -70,7 +70,10 @@ func (e *env) setPhaseArgs(a ...string) {
 }
 
 func startEnv(ctx context.Context, cfg Config) (_ *env, err error) {
-	e := &env{cfg: cfg, log: cfg.Logger}
+	e := &env{
+		cfg: cfg,
+		log: cfg.Logger,
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, e.close())
@@ -110,7 +113,7 @@ func startEnv(ctx context.Context, cfg Config) (_ *env, err error) {
 		BCERate: cfg.Profile.BudgetRate, BCEBurst: cfg.Profile.BudgetBurst,
 		IdleMin: cfg.Profile.IdleMin, IdleMax: cfg.Profile.IdleMax,
 		ReplicaArgsFunc: e.replicaArgs,
-		Kubelet:         kubeletsim.Config{RegisterWorkers: 16},
+		Kubelet:         func(c *kubeletsim.Config) { c.RegisterWorkers = 16 },
 		StartTimeout:    5 * time.Minute,
 		Logger:          e.log,
 	}); err != nil {

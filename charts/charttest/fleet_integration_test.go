@@ -40,6 +40,7 @@ import (
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/e2e/freeport"
 	"github.com/cce-ipam/sharded/e2e/kubeletsim"
+	"github.com/cce-ipam/sharded/e2e/supervisor"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 )
@@ -122,8 +123,8 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 		readyCtx, readyCancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer readyCancel()
 		for _, r := range replicas {
-			eventually(t, readyCtx, 250*time.Millisecond, r.proc.name+" /readyz", func() error {
-				if err := r.proc.alive(); err != nil {
+			eventually(t, readyCtx, 250*time.Millisecond, r.proc.Name()+" /readyz", func() error {
+				if err := alive(r.proc); err != nil {
 					readyCancel() // a dead replica will not get ready
 					return err
 				}
@@ -134,7 +135,7 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 		for _, r := range replicas {
 			body, err := httpGet("http://" + r.metricsAddr + "/shard/status")
 			if err != nil || !strings.Contains(strings.ReplaceAll(body, " ", ""), `"fencingPolicy":"ok"`) {
-				t.Errorf("%s /shard/status does not report the fencing policy in place: %v %s", r.proc.name, err, body)
+				t.Errorf("%s /shard/status does not report the fencing policy in place: %v %s", r.proc.Name(), err, body)
 			}
 		}
 	})
@@ -201,7 +202,8 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 			return nil
 		})
 		// The event-driven series, for the log: how much margin the run had.
-		for _, q := range []string{`sum by (outcome) (cce_ipam_shard_owner_waits_total)`, `sum by (reason) (cce_ipam_shard_handovers_total)`,
+		for _, q := range []string{`sum by (outcome) (cce_ipam_shard_owner_waits_total)`,
+			`sum by (reason) (cce_ipam_shard_handovers_total)`,
 			`sum by (result) (cce_ipam_shard_forwarded_requests_total)`, `sum by (operation) (cce_ipam_cloud_api_throttled_total)`,
 			`sum by (kind) (cce_ipam_gc_actions_total)`, `sum by (method) (cce_ipam_cni_requests_total)`} {
 			t.Logf("%s = %s", q, promRaw(ctx, promURL, q))
@@ -223,18 +225,18 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 			cmd.Stdin = strings.NewReader(body)
 			out, err := cmd.CombinedOutput()
 			if err != nil || len(bytes.TrimSpace(out)) > 0 {
-				t.Errorf("promtool check metrics on %s: %v\n%s", r.proc.name, err, out)
+				t.Errorf("promtool check metrics on %s: %v\n%s", r.proc.Name(), err, out)
 			}
 		}
 	})
 	t.Run("no forbidden in any replica log", func(t *testing.T) {
 		for _, r := range replicas {
-			for _, line := range strings.Split(r.proc.logText(), "\n") {
+			for _, line := range strings.Split(logText(r.proc), "\n") {
 				if strings.Contains(strings.ToLower(line), "forbidden") {
-					t.Errorf("%s: %s", r.proc.name, line)
+					t.Errorf("%s: %s", r.proc.Name(), line)
 				}
 			}
-			if err := r.proc.alive(); err != nil {
+			if err := alive(r.proc); err != nil {
 				t.Error(err)
 			}
 		}
@@ -245,13 +247,13 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 // so that throttling (429 RateLimit) really happens and its panel has data.
 func startBCESim(t *testing.T) string {
 	t.Helper()
-	first := newFirstLine()
-	startProcess(t, "bce-sim", bin(t, "bce-sim"), []string{"--listen", "127.0.0.1:0",
+	p := startProcess(t, "bce-sim", bin(t, "bce-sim"), []string{"--listen", "127.0.0.1:0",
 		"--credential", fleetAK + ":" + fleetSK, "--vpc", fleetVPC,
 		"--subnet", fleetSubnet + "," + fleetZone + ",10.40.0.0/16", "--security-group", fleetGroup,
-		"--attach-delay", "200ms", "--rate-limit", "ListENIs=1:1", "--log-level", "warn"}, nil, first)
+		"--attach-delay", "200ms", "--rate-limit", "ListENIs=1:1", "--log-level", "warn"}, nil)
 	select {
-	case line := <-first.c:
+	case line := <-p.FirstLine():
+		line = strings.TrimSpace(line)
 		if _, _, err := net.SplitHostPort(strings.TrimPrefix(line, "http://")); err != nil {
 			t.Fatalf("bce-sim printed %q, want its address", line)
 		}
@@ -263,29 +265,6 @@ func startBCESim(t *testing.T) string {
 		t.Fatal("bce-sim printed no address within 30s")
 	}
 	return ""
-}
-
-// firstLine is a writer that delivers the first line written to it.
-type firstLine struct {
-	mu   sync.Mutex
-	buf  []byte
-	sent bool
-	c    chan string
-}
-
-func newFirstLine() *firstLine { return &firstLine{c: make(chan string, 1)} }
-
-func (f *firstLine) Write(p []byte) (int, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.sent {
-		f.buf = append(f.buf, p...)
-		if i := bytes.IndexByte(f.buf, '\n'); i >= 0 {
-			f.sent = true
-			f.c <- strings.TrimSpace(string(f.buf[:i]))
-		}
-	}
-	return len(p), nil
 }
 
 // applyRBACAndGetKubeconfig creates the rendered ServiceAccount, roles and
@@ -309,7 +288,10 @@ func applyRBACAndGetKubeconfig(t *testing.T, ctx context.Context, ns string, obj
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ri.Patch(ctx, o.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{FieldManager: "charttest", Force: new(true)}); err != nil {
+		if _, err := ri.Patch(ctx, o.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{
+			FieldManager: "charttest",
+			Force:        new(true),
+		}); err != nil {
 			t.Fatalf("apply %s %s: %v", kind, o.GetName(), err)
 		}
 		if o.GetNamespace() == "" { // cluster-scoped: outlives the namespace
@@ -341,7 +323,10 @@ func applyRBACAndGetKubeconfig(t *testing.T, ctx context.Context, ns string, obj
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ri.Patch(ctx, o.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{FieldManager: "charttest", Force: new(true)}); err != nil {
+		if _, err := ri.Patch(ctx, o.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{
+			FieldManager: "charttest",
+			Force:        new(true),
+		}); err != nil {
 			t.Fatalf("apply %s %s: %v", kind, o.GetName(), err)
 		}
 		name := o.GetName()
@@ -364,9 +349,16 @@ func applyRBACAndGetKubeconfig(t *testing.T, ctx context.Context, ns string, obj
 		t.Fatal(err)
 	}
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["local"] = &clientcmdapi.Cluster{Server: cp.Config.Host, CertificateAuthority: cp.Config.CAFile}
+	cfg.Clusters["local"] = &clientcmdapi.Cluster{
+		Server:               cp.Config.Host,
+		CertificateAuthority: cp.Config.CAFile,
+	}
 	cfg.AuthInfos[sa] = &clientcmdapi.AuthInfo{Token: tok.Status.Token}
-	cfg.Contexts["sa"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: sa, Namespace: ns}
+	cfg.Contexts["sa"] = &clientcmdapi.Context{
+		Cluster:   "local",
+		AuthInfo:  sa,
+		Namespace: ns,
+	}
 	cfg.CurrentContext = "sa"
 	path := filepath.Join(t.TempDir(), "sa.kubeconfig")
 	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
@@ -376,7 +368,7 @@ func applyRBACAndGetKubeconfig(t *testing.T, ctx context.Context, ns string, obj
 }
 
 type replica struct {
-	proc                  *process
+	proc                  *supervisor.Process
 	grpcAddr, metricsAddr string
 }
 
@@ -415,7 +407,8 @@ func startReplica(t *testing.T, i int, ns string, objs, secretsFrom []*unstructu
 		case e.ValueFrom == nil:
 			v = expand(e.Value, env)
 		case e.ValueFrom.FieldRef != nil:
-			v = map[string]string{"metadata.name": podName, "metadata.namespace": ns, "status.podIP": "127.0.0.1"}[e.ValueFrom.FieldRef.FieldPath]
+			v = map[string]string{"metadata.name": podName, "metadata.namespace": ns,
+				"status.podIP": "127.0.0.1"}[e.ValueFrom.FieldRef.FieldPath]
 			if v == "" {
 				t.Fatalf("env %s: fieldRef %s is not supplied by this test", e.Name, e.ValueFrom.FieldRef.FieldPath)
 			}
@@ -494,27 +487,42 @@ func startReplica(t *testing.T, i int, ns string, objs, secretsFrom []*unstructu
 	args = append(args, "--kubeconfig="+kubeconfig)
 	t.Logf("replica %d: cce-ipam %s", i, strings.Join(args, " "))
 	return &replica{
-		proc:     startProcess(t, fmt.Sprintf("replica-%d", i), bin(t, "cce-ipam"), args, envList, nil),
+		proc:     startProcess(t, fmt.Sprintf("replica-%d", i), bin(t, "cce-ipam"), args, envList),
 		grpcAddr: grpcAddr, metricsAddr: metricsAddr,
 	}
 }
 
 // startKubelet registers the simulated nodes and runs the kubelet
 // simulator, which spreads its CNI calls over every replica.
-func startKubelet(t *testing.T, ctx context.Context, ns, simURL string, grpcAddrs []string, kube kubernetes.Interface, cs cceclient.Interface) {
+func startKubelet(t *testing.T, ctx context.Context, ns, simURL string, grpcAddrs []string, kube kubernetes.Interface,
+	cs cceclient.Interface) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	client, err := cloud.New(cloud.Config{Endpoint: simURL, Region: "bj", AccessKeyID: fleetAK, SecretAccessKey: fleetSK, Rate: 200, Burst: 50},
+	client, err := cloud.New(cloud.Config{
+		Endpoint:        simURL,
+		Region:          "bj",
+		AccessKeyID:     fleetAK,
+		SecretAccessKey: fleetSK,
+		Rate:            200,
+		Burst:           50,
+	},
 		log, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(client.Close)
-	sim, err := kubeletsim.New(kubeletsim.Config{
-		Name: "charttest", CNIEndpoints: grpcAddrs, Namespace: ns, CNITimeout: 30 * time.Second, RetryMax: 2 * time.Second,
-		ClusterID: fleetCluster, VPCID: fleetVPC, SubnetID: fleetSubnet, Zone: fleetZone, SecurityGroupIDs: []string{fleetGroup},
-		InstanceMemoryGB: 64, IPPool: true,
-	}, kubeletsim.Deps{Kube: kube, CCE: cs, Instances: kubeletsim.AdminInstances(simURL, &http.Client{Timeout: 30 * time.Second}), ENIs: client},
+	cfg := kubeletsim.DefaultConfig()
+	cfg.Name, cfg.CNIEndpoints, cfg.Namespace = "charttest", grpcAddrs, ns
+	cfg.CNITimeout, cfg.RetryMax = 30*time.Second, 2*time.Second
+	cfg.ClusterID, cfg.VPCID, cfg.SubnetID, cfg.Zone = fleetCluster, fleetVPC, fleetSubnet, fleetZone
+	cfg.SecurityGroupIDs = []string{fleetGroup}
+	cfg.InstanceMemoryGB, cfg.IPPool = 64, true
+	sim, err := kubeletsim.New(cfg, kubeletsim.Deps{
+		Kube:      kube,
+		CCE:       cs,
+		Instances: kubeletsim.AdminInstances(simURL, &http.Client{Timeout: 30 * time.Second}),
+		ENIs:      client,
+	},
 		log, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -559,7 +567,10 @@ func createGhostIPPool(t *testing.T, ctx context.Context, cs cceclient.Interface
 	const node = "chart-removed-node"
 	_, err := cs.CceV1alpha1().IPPools(cce.IPPoolNamespace).Create(ctx, &cce.IPPool{
 		ObjectMeta: metav1.ObjectMeta{Name: cce.IPPoolName(node)},
-		Spec:       cce.IPPoolSpec{NodeSelector: "kubernetes.io/hostname=" + node, CreationSource: cce.IPPoolCreationSourceCNI},
+		Spec: cce.IPPoolSpec{
+			NodeSelector:   "kubernetes.io/hostname=" + node,
+			CreationSource: cce.IPPoolCreationSourceCNI,
+		},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -578,8 +589,14 @@ func createPod(t testing.TB, ctx context.Context, kube kubernetes.Interface, ns,
 
 func createPodErr(ctx context.Context, kube kubernetes.Interface, ns, name string) error {
 	_, err := kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": "web"}},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10"}},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   name,
+			Labels: map[string]string{"app": "web"},
+		},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name:  "app",
+			Image: "registry.k8s.io/pause:3.10",
+		}},
 			TerminationGracePeriodSeconds: new(int64(0))},
 	}, metav1.CreateOptions{})
 	return err
@@ -644,11 +661,11 @@ scrape_configs:
 	addr := freeport.Addr(t)
 	p := startProcess(t, "prometheus", promBin, []string{"--config.file=" + configPath,
 		"--storage.tsdb.path=" + filepath.Join(dir, "data"), "--web.listen-address=" + addr, "--log.level=warn"},
-		[]string{"HOME=" + dir}, nil)
+		[]string{"HOME=" + dir})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	eventually(t, ctx, 200*time.Millisecond, "prometheus ready", func() error {
-		if err := p.alive(); err != nil {
+		if err := alive(p); err != nil {
 			cancel()
 			return err
 		}

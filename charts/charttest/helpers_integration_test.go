@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/cce-ipam/sharded/e2e/cluster"
+	"github.com/cce-ipam/sharded/e2e/supervisor"
 )
 
 // chartDir is the chart under test, relative to this package.
@@ -169,76 +169,33 @@ func container(t testing.TB, d *appsv1.Deployment) corev1.Container {
 	return d.Spec.Template.Spec.Containers[0]
 }
 
-// process is a child in its own process group, SIGKILLed with its group when
-// the test ends (and when the test binary dies: parent-death signal).
-type process struct {
-	name   string
-	cmd    *exec.Cmd
-	log    string
-	exited chan struct{}
-	err    error
-}
-
-// startProcess runs bin with args and exactly env (nil: none), logging
-// stderr and stdout to a file; stdout is also returned when wantStdout.
-func startProcess(t testing.TB, name, bin string, args, env []string, stdout io.Writer) *process {
+// startProcess runs bin under e2e/supervisor with exactly env (nil: none);
+// it is killed when the test ends, its log tail logged if the test failed.
+func startProcess(t testing.TB, name, bin string, args, env []string) *supervisor.Process {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
+	if env == nil {
+		env = []string{}
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = env
-	if cmd.Env == nil {
-		cmd.Env = []string{}
-	}
-	cmd.Stderr = logFile
-	cmd.Stdout = logFile
-	if stdout != nil {
-		cmd.Stdout = io.MultiWriter(logFile, stdout)
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	p := &process{name: name, cmd: cmd, log: logPath, exited: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		_ = logFile.Close()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-p.exited
-		if t.Failed() {
-			t.Logf("==> %s log (last 40 lines) <==\n%s", name, p.tail(40))
-		}
+	return supervisor.StartT(t, supervisor.Spec{
+		Name: name,
+		Bin:  bin,
+		Args: args,
+		Env:  env,
 	})
-	return p
 }
 
-func (p *process) logText() string {
-	data, _ := os.ReadFile(p.log)
-	return string(data)
-}
-
-func (p *process) tail(n int) string {
-	lines := strings.Split(strings.TrimRight(p.logText(), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// alive reports an error if the process has exited.
-func (p *process) alive() error {
-	select {
-	case <-p.exited:
-		return fmt.Errorf("%s exited (%v); last log lines:\n%s", p.name, p.err, p.tail(30))
-	default:
+// alive reports an error, with the log's tail, if p has exited.
+func alive(p *supervisor.Process) error {
+	if p.Running() {
 		return nil
 	}
+	return p.ExitError()
+}
+
+// logText returns p's whole log.
+func logText(p *supervisor.Process) string {
+	data, _ := os.ReadFile(p.LogPath())
+	return string(data)
 }
 
 // eventually polls cond every interval until it returns nil or ctx ends; it

@@ -14,8 +14,16 @@ import (
 	"github.com/cce-ipam/sharded/e2e/kubeletsim"
 )
 
+// kubeletConfig is the simulator's config: see Options.Kubelet.
 func (f *Fleet) kubeletConfig() kubeletsim.Config {
-	c := f.opts.Kubelet
+	c := kubeletsim.DefaultConfig()
+	c.Workers = 16
+	c.CNITimeout = 15 * time.Second
+	c.RetryBase, c.RetryMax = 200*time.Millisecond, 5*time.Second
+	c.NodeLeasePeriod = 10 * time.Second
+	if f.opts.Kubelet != nil {
+		f.opts.Kubelet(&c)
+	}
 	c.Name = f.SimulatorName()
 	c.ClusterID, c.VPCID, c.SubnetID, c.Zone = f.ClusterID, f.VPCID, f.SubnetID, Zone
 	c.SecurityGroupIDs = []string{f.SecurityGroup}

@@ -94,10 +94,11 @@ type Options struct {
 
 	// NoKubelet starts no kubelet simulator (and registers no nodes).
 	NoKubelet bool
-	// Kubelet overrides the simulator's config; the fleet fills in the
-	// CNI endpoints, names and cloud placement. Unset: 16 workers, CNI
-	// timeout 15s, retries 200ms..5s, node heartbeats every 10s.
-	Kubelet kubeletsim.Config
+	// Kubelet, when set, adjusts the simulator's config: kubeletsim's
+	// DefaultConfig with the fleet's 16 workers, CNI timeout 15s, retries
+	// 200ms..5s and node heartbeats every 10s. The fleet then fills in the
+	// CNI endpoints, names and cloud placement.
+	Kubelet func(*kubeletsim.Config)
 
 	// NetNS runs every replica in its own network namespace on a bridge
 	// (10.213.X.0/24) instead of on 127.0.0.1, so that Partition can cut one
@@ -142,7 +143,8 @@ func (o *Options) defaults() error {
 		e := o.External
 		if o.Config == nil || len(e.CNIAddrs) == 0 || e.SimURL == "" || e.ClusterID == "" || e.VPCID == "" ||
 			e.SubnetID == "" || e.SecurityGroup == "" {
-			return errors.New("fleet: External needs Config, Kubeconfig, CNI addresses, the bce-sim URL, cluster ID, VPC, subnet and security group")
+			return errors.New("fleet: External needs Config, Kubeconfig, CNI addresses, the bce-sim URL, " +
+				"cluster ID, VPC, subnet and security group")
 		}
 		o.Replicas = 0
 	}
@@ -175,11 +177,6 @@ func (o *Options) defaults() error {
 	setDefault(&o.LeaseNamespace, "kube-system")
 	setDefault(&o.LogLevel, "info")
 	setDefault(&o.StartTimeout, 3*time.Minute)
-	setDefault(&o.Kubelet.Workers, 16)
-	setDefault(&o.Kubelet.CNITimeout, 15*time.Second)
-	setDefault(&o.Kubelet.RetryBase, 200*time.Millisecond)
-	setDefault(&o.Kubelet.RetryMax, 5*time.Second)
-	setDefault(&o.Kubelet.NodeLeasePeriod, 10*time.Second)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}

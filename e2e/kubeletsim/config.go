@@ -19,7 +19,8 @@ const (
 	LabelZone             = "topology.kubernetes.io/zone"
 )
 
-// Config configures a Simulator. Zero values get the documented defaults.
+// Config configures a Simulator. The defaults below are RegisterFlags'
+// flag defaults, which DefaultConfig returns; New uses the config as given.
 type Config struct {
 	// Name is the value of LabelSimulator on the nodes this simulator
 	// registers and serves. Two simulators with different names can share a
@@ -91,11 +92,15 @@ type Config struct {
 	AttachTimeout time.Duration
 }
 
-// RegisterFlags binds the config to command-line flags.
+// RegisterFlags binds the config to command-line flags. The flag defaults
+// are the config's only defaults (see DefaultConfig).
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Name, "name", "kubelet-sim", "simulator name: value of the "+LabelSimulator+" label on the nodes it registers and serves")
-	fs.StringVar(&c.CNIEndpoint, "cni-endpoint", "", "host:port of the IPAM's CNI gRPC service (rpc.CNIBackend); this or --cni-endpoints is required")
-	fs.StringSliceVar(&c.CNIEndpoints, "cni-endpoints", nil, "more CNI service addresses (comma-separated); each call goes to a random one of all endpoints")
+	fs.StringVar(&c.Name, "name", "kubelet-sim",
+		"simulator name: value of the "+LabelSimulator+" label on the nodes it registers and serves")
+	fs.StringVar(&c.CNIEndpoint, "cni-endpoint", "",
+		"host:port of the IPAM's CNI gRPC service (rpc.CNIBackend); this or --cni-endpoints is required")
+	fs.StringSliceVar(&c.CNIEndpoints, "cni-endpoints", nil,
+		"more CNI service addresses (comma-separated); each call goes to a random one of all endpoints")
 	fs.StringVar(&c.Namespace, "namespace", "", "only schedule and run pods of this namespace; empty means all")
 	fs.IntVar(&c.Workers, "workers", 32, "pods handled at once (binds, CNI calls, status writes)")
 	fs.BoolVar(&c.NoScheduling, "no-scheduling", false, "do not bind unscheduled pods (leave them to a real scheduler)")
@@ -103,8 +108,10 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.CNITimeout, "cni-timeout", time.Minute, "deadline of one AllocateIP / ReleaseIP call")
 	fs.DurationVar(&c.RetryBase, "retry-base", 200*time.Millisecond, "first backoff after a failed pod sync; doubles per failure")
 	fs.DurationVar(&c.RetryMax, "retry-max", 10*time.Second, "cap of the per-pod backoff")
-	fs.DurationVar(&c.NodeLeasePeriod, "node-lease-period", 0, "renew each node's heartbeat Lease this often (kubelet: 10s), needed when kube-controller-manager runs; 0 disables")
-	fs.StringVar(&c.ClusterID, "cluster-id", "", "CCE cluster ID; pre-attached ENIs are named <cluster-id>/<instance>/<node>/000000 (required)")
+	fs.DurationVar(&c.NodeLeasePeriod, "node-lease-period", 0,
+		"renew each node's heartbeat Lease this often (kubelet: 10s), needed when kube-controller-manager runs; 0 disables")
+	fs.StringVar(&c.ClusterID, "cluster-id", "",
+		"CCE cluster ID; pre-attached ENIs are named <cluster-id>/<instance>/<node>/000000 (required)")
 	fs.StringVar(&c.VPCID, "vpc-id", "", "VPC of the subnet (required)")
 	fs.StringVar(&c.SubnetID, "subnet-id", "", "subnet of the simulated instances and their first ENI (required)")
 	fs.StringVar(&c.Zone, "zone", "", "availability zone of the subnet (zone label and IPPool)")
@@ -117,25 +124,12 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.AttachTimeout, "attach-timeout", time.Minute, "how long to wait for a node's first ENI to be in use")
 }
 
-func (c *Config) defaults() {
-	setDefault(&c.Name, "kubelet-sim")
-	setDefault(&c.Workers, 32)
-	setDefault(&c.MaxPodsPerNode, 110)
-	setDefault(&c.CNITimeout, time.Minute)
-	setDefault(&c.RetryBase, 200*time.Millisecond)
-	setDefault(&c.RetryMax, 10*time.Second)
-	setDefault(&c.InstanceCPUs, 8)
-	setDefault(&c.InstanceMemoryGB, 32)
-	setDefault(&c.InstanceType, "BCC")
-	setDefault(&c.RegisterWorkers, 8)
-	setDefault(&c.AttachTimeout, time.Minute)
-}
-
-func setDefault[T comparable](p *T, v T) {
-	var zero T
-	if *p == zero {
-		*p = v
-	}
+// DefaultConfig returns the flag defaults, for tests and library users, who
+// then set the fields they need (the CNI endpoint, the cloud placement).
+func DefaultConfig() Config {
+	var c Config
+	c.RegisterFlags(pflag.NewFlagSet("kubeletsim", pflag.ContinueOnError))
+	return c
 }
 
 // endpoints returns every CNI endpoint, CNIEndpoint first, without
@@ -152,16 +146,25 @@ func (c Config) endpoints() []string {
 	return out
 }
 
-// Validate reports settings that cannot work, after defaults. The node
-// registration fields are checked by RegisterNodes, the CNI endpoint by Run.
+// Validate reports settings that cannot work; a zero is no exception (start
+// from DefaultConfig). The cloud placement (cluster, VPC, subnet, security
+// groups) is checked by RegisterNodes, the CNI endpoint by Run.
 func (c Config) Validate() error {
-	c.defaults()
 	var errs []error
-	if c.Workers < 0 || c.MaxPodsPerNode < 0 || c.RegisterWorkers < 0 {
-		errs = append(errs, errors.New("workers, max pods and register workers must not be negative"))
+	if c.Name == "" || c.InstanceType == "" {
+		errs = append(errs, errors.New("name and instance type are required"))
 	}
-	if c.CNITimeout < 0 || c.RetryBase < 0 || c.RetryMax < c.RetryBase || c.AttachTimeout < 0 || c.NodeLeasePeriod < 0 {
-		errs = append(errs, errors.New("timeouts must not be negative and retry max must not be below retry base"))
+	if c.Workers < 1 || c.MaxPodsPerNode < 1 || c.RegisterWorkers < 1 {
+		errs = append(errs, errors.New("workers, max pods and register workers must be at least 1"))
+	}
+	if c.InstanceCPUs < 1 || c.InstanceMemoryGB < 1 {
+		errs = append(errs, errors.New("instance CPUs and memory must be at least 1"))
+	}
+	if c.CNITimeout <= 0 || c.RetryBase <= 0 || c.RetryMax < c.RetryBase || c.AttachTimeout <= 0 {
+		errs = append(errs, errors.New("timeouts and retry base must be positive and retry max must not be below retry base"))
+	}
+	if c.NodeLeasePeriod < 0 {
+		errs = append(errs, errors.New("node lease period must not be negative (0 disables it)"))
 	}
 	return errors.Join(errs...)
 }

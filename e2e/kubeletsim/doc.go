@@ -24,11 +24,12 @@
 // (Config.CNIEndpoints, e.g. one per IPAM replica) each call goes to one
 // picked at random, as through a Service.
 //
-//	sim, _ := kubeletsim.New(kubeletsim.Config{
-//		CNIEndpoint: "127.0.0.1:9997", ClusterID: "cce-1", VPCID: "vpc-1",
-//		SubnetID: "sbn-1", SecurityGroupIDs: []string{"g-1"}, IPPool: true,
-//	}, kubeletsim.Deps{Kube: kc, CCE: cc, Instances: kubeletsim.InProcessInstances(sim), ENIs: cloudClient},
-//		logger, prometheus.NewRegistry())
+//	cfg := kubeletsim.DefaultConfig() // the flag defaults; New never re-defaults
+//	cfg.CNIEndpoint = "127.0.0.1:9997"
+//	cfg.ClusterID, cfg.VPCID, cfg.SubnetID = "cce-1", "vpc-1", "sbn-1"
+//	cfg.SecurityGroupIDs = []string{"g-1"}
+//	deps := kubeletsim.Deps{Kube: kc, CCE: cc, Instances: kubeletsim.InProcessInstances(sim), ENIs: cloudClient}
+//	sim, _ := kubeletsim.New(cfg, deps, logger, prometheus.NewRegistry())
 //	_, err := sim.RegisterNodes(ctx, kubeletsim.NodeNames("sim", 0, 10))
 //	go sim.Run(ctx) // returns after ctx ends and every worker stopped
 //	// create pods without spec.nodeName; read sim.Stats() for counters

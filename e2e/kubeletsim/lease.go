@@ -86,8 +86,17 @@ func newNodeLease(n *corev1.Node, period time.Duration, now metav1.MicroTime) *c
 	return &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: n.Name, Namespace: nodeLeaseNamespace,
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID}},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "v1",
+				Kind:       "Node",
+				Name:       n.Name,
+				UID:        n.UID,
+			}},
 		},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, RenewTime: &now},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity:       &holder,
+			LeaseDurationSeconds: &secs,
+			RenewTime:            &now,
+		},
 	}
 }

@@ -86,7 +86,12 @@ func summarize(s []time.Duration, count int) Latency {
 		i := int(p*float64(len(s))+0.999999) - 1
 		return s[min(max(i, 0), len(s)-1)]
 	}
-	return Latency{Count: count, P50: q(0.50), P99: q(0.99), Max: s[len(s)-1]}
+	return Latency{
+		Count: count,
+		P50:   q(0.50),
+		P99:   q(0.99),
+		Max:   s[len(s)-1],
+	}
 }
 
 type counters struct {

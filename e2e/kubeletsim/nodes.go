@@ -56,7 +56,10 @@ func AdminInstances(baseURL string, client *http.Client) InstanceAdder {
 	if client == nil {
 		client = http.DefaultClient
 	}
-	return adminAPI{base: strings.TrimRight(baseURL, "/"), client: client}
+	return adminAPI{
+		base:   strings.TrimRight(baseURL, "/"),
+		client: client,
+	}
 }
 
 type adminAPI struct {
@@ -177,7 +180,10 @@ func (s *Simulator) registerNode(ctx context.Context, name string) (NodeInfo, bo
 	} else if !apierrors.IsNotFound(err) {
 		return NodeInfo{}, false, err
 	}
-	info := NodeInfo{Name: name, InstanceID: InstanceID(name)}
+	info := NodeInfo{
+		Name:       name,
+		InstanceID: InstanceID(name),
+	}
 	err := retryCloud(ctx, func() error {
 		_, err := s.deps.Instances.AddInstance(ctx, bcesim.InstanceSpec{
 			ID: info.InstanceID, Name: name, SubnetID: s.cfg.SubnetID, CPUCount: s.cfg.InstanceCPUs,

@@ -21,7 +21,12 @@ type slot struct {
 }
 
 func newPlacement(maxPods int) *placement {
-	return &placement{maxPods: maxPods, byName: map[string]*slot{}, podNode: map[string]string{}, counts: map[string]int{}}
+	return &placement{
+		maxPods: maxPods,
+		byName:  map[string]*slot{},
+		podNode: map[string]string{},
+		counts:  map[string]int{},
+	}
 }
 
 // addNode makes a node eligible. Adding a known node is a no-op.
@@ -29,7 +34,10 @@ func (p *placement) addNode(name string) {
 	if _, ok := p.byName[name]; ok {
 		return
 	}
-	s := &slot{name: name, load: p.counts[name]}
+	s := &slot{
+		name: name,
+		load: p.counts[name],
+	}
 	p.byName[name] = s
 	heap.Push(&p.heap, s)
 }

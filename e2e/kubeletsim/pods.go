@@ -114,7 +114,10 @@ func (s *Simulator) sync(ctx context.Context, rt *runState, key string) (after t
 		return 0, nil // another kubelet's pod, or one without a CNI sandbox
 	}
 	if st == nil {
-		st = &podState{uid: pod.UID, firstSeen: time.Now()}
+		st = &podState{
+			uid:       pod.UID,
+			firstSeen: time.Now(),
+		}
 		if id, ip, ok := sandboxFromStatus(pod); ok {
 			s.setSandbox(st, id, ip)
 			st.running = pod.Status.Phase == corev1.PodRunning
@@ -139,8 +142,15 @@ func (s *Simulator) bind(ctx context.Context, pod *corev1.Pod, key string) (time
 		return time.Second, nil // no node with room (yet)
 	}
 	err := s.deps.Kube.CoreV1().Pods(pod.Namespace).Bind(ctx, &corev1.Binding{
-		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID},
-		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      pod.Name,
+			Namespace: pod.Namespace,
+			UID:       pod.UID,
+		},
+		Target: corev1.ObjectReference{
+			Kind: "Node",
+			Name: node,
+		},
 	}, metav1.CreateOptions{})
 	switch {
 	case err == nil:
@@ -295,7 +305,11 @@ func runningStatus(pod *corev1.Pod, id, ip string, now time.Time) corev1.PodStat
 		start = *pod.Status.StartTime
 	}
 	cond := func(typ corev1.PodConditionType) corev1.PodCondition {
-		return corev1.PodCondition{Type: typ, Status: corev1.ConditionTrue, LastTransitionTime: t}
+		return corev1.PodCondition{
+			Type:               typ,
+			Status:             corev1.ConditionTrue,
+			LastTransitionTime: t,
+		}
 	}
 	st := corev1.PodStatus{
 		Phase:     corev1.PodRunning,

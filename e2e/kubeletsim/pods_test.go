@@ -27,8 +27,17 @@ func TestNewContainerID_FreshHex64(t *testing.T) {
 func TestRunningStatus_RoundTripsSandbox(t *testing.T) {
 	started := metav1.NewTime(time.Unix(100, 0))
 	pod := &corev1.Pod{
-		Spec:   corev1.PodSpec{Containers: []corev1.Container{{Name: "a", Image: "img:a"}, {Name: "b", Image: "img:b"}}},
-		Status: corev1.PodStatus{StartTime: &started, QOSClass: corev1.PodQOSBestEffort},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name:  "a",
+			Image: "img:a",
+		}, {
+			Name:  "b",
+			Image: "img:b",
+		}}},
+		Status: corev1.PodStatus{
+			StartTime: &started,
+			QOSClass:  corev1.PodQOSBestEffort,
+		},
 	}
 	st := runningStatus(pod, "abc", "10.0.0.9", time.Unix(200, 0))
 	if st.Phase != corev1.PodRunning || st.PodIP != "10.0.0.9" || len(st.PodIPs) != 1 || st.PodIPs[0].IP != "10.0.0.9" {
@@ -46,7 +55,8 @@ func TestRunningStatus_RoundTripsSandbox(t *testing.T) {
 			t.Errorf("condition %s not true", c)
 		}
 	}
-	if len(st.ContainerStatuses) != 2 || st.ContainerStatuses[1].Name != "b" || st.ContainerStatuses[1].State.Running == nil || !st.ContainerStatuses[1].Ready {
+	if len(st.ContainerStatuses) != 2 || st.ContainerStatuses[1].Name != "b" || st.ContainerStatuses[1].State.Running == nil ||
+		!st.ContainerStatuses[1].Ready {
 		t.Fatalf("container statuses %+v", st.ContainerStatuses)
 	}
 	pod.Status = st
@@ -90,11 +100,21 @@ func TestLatencies_ThinsBeyondCap(t *testing.T) {
 }
 
 func TestConfig_Validate(t *testing.T) {
-	if err := (Config{}).Validate(); err != nil {
-		t.Fatalf("zero config after defaults: %v", err)
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatalf("the flag defaults: %v", err)
 	}
-	if err := (Config{RetryBase: time.Second, RetryMax: time.Millisecond}).Validate(); err == nil {
+	if err := (Config{}).Validate(); err == nil {
+		t.Fatal("zero config accepted: no workers, no timeouts")
+	}
+	c := DefaultConfig()
+	c.RetryBase, c.RetryMax = time.Second, time.Millisecond
+	if err := c.Validate(); err == nil {
 		t.Fatal("retry max below base accepted")
+	}
+	c = DefaultConfig()
+	c.Workers = 0
+	if err := c.Validate(); err == nil {
+		t.Fatal("zero workers accepted")
 	}
 	if err := (Config{}).validateRegistration(); err == nil {
 		t.Fatal("registration without cluster, VPC, subnet, security group accepted")
@@ -102,7 +122,14 @@ func TestConfig_Validate(t *testing.T) {
 }
 
 func TestNodeObject_ShapedLikeCCE(t *testing.T) {
-	s := &Simulator{cfg: Config{Name: "x", InstanceCPUs: 16, InstanceMemoryGB: 64, InstanceType: "BCC", Zone: "cn-bj-a", MaxPodsPerNode: 110}}
+	s := &Simulator{cfg: Config{
+		Name:             "x",
+		InstanceCPUs:     16,
+		InstanceMemoryGB: 64,
+		InstanceType:     "BCC",
+		Zone:             "cn-bj-a",
+		MaxPodsPerNode:   110,
+	}}
 	n := s.nodeObject("x-00001", "i-x-00001")
 	want := map[string]string{
 		"cce.io/max-ip-per-eni": "30", "cce.io/max-eni-num": "8", "cce.io/warm-ip-target": "15", "cce.io/pre-attached-eni-num": "1",

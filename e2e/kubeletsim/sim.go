@@ -62,7 +62,6 @@ type Simulator struct {
 
 // New builds a Simulator; it starts nothing (Run does, once).
 func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Simulator, error) {
-	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("kubeletsim config: %w", err)
 	}
@@ -337,7 +336,8 @@ func (s *Simulator) allocate(ctx context.Context, rt *runState, namespace, name,
 		s.metrics.calls.WithLabelValues("AllocateIP", "error").Inc()
 		return "", err
 	}
-	s.log.Debug("CNI ADD", "pod", namespace+"/"+name, "container", containerID, "node", node, "ip", reply.GetENIMultiIP().GetIP(), "duration", d)
+	s.log.Debug("CNI ADD", "pod", namespace+"/"+name, "container", containerID, "node", node,
+		"ip", reply.GetENIMultiIP().GetIP(), "duration", d)
 	s.counts.allocs.Add(1)
 	s.counts.allocLatency.add(d)
 	s.metrics.calls.WithLabelValues("AllocateIP", "ok").Inc()

@@ -50,8 +50,14 @@ func createPods(t *testing.T, st *stack.Stack, prefix string, n int) {
 	ctx := context.Background()
 	for k := range n {
 		_, err := st.Kube.CoreV1().Pods(st.Opts.Namespace).Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%03d", prefix, k), Labels: map[string]string{"app": prefix}},
-			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.local/web:1"}}},
+			ObjectMeta: metav1.ObjectMeta{
+				Name:   fmt.Sprintf("%s-%03d", prefix, k),
+				Labels: map[string]string{"app": prefix},
+			},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{
+				Name:  "app",
+				Image: "registry.local/web:1",
+			}}},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -85,9 +91,16 @@ func TestSimulator_Run_DeploymentLifecycle(t *testing.T) {
 	crds(t)
 	const nodes, pods = 10, 200
 	start := time.Now()
-	st := stack.Start(t, cp.Config, stack.Options{Name: "deploy", Nodes: nodes, Namespace: cp.Namespace(t)})
+	st := stack.Start(t, cp.Config, stack.Options{
+		Name:      "deploy",
+		Nodes:     nodes,
+		Namespace: cp.Namespace(t),
+	})
 	t.Logf("stack with %d nodes up in %s", nodes, time.Since(start).Round(time.Millisecond))
-	chk := st.Checker(invariants.Config{Namespaces: []string{st.Opts.Namespace}, OrphanGrace: 10 * time.Second})
+	chk := st.Checker(invariants.Config{
+		Namespaces:  []string{st.Opts.Namespace},
+		OrphanGrace: 10 * time.Second,
+	})
 
 	start = time.Now()
 	createPods(t, st, "web", pods)
@@ -121,7 +134,8 @@ func TestSimulator_Run_DeploymentLifecycle(t *testing.T) {
 				wep.Spec.IP, wep.Spec.Node, wep.Spec.ContainerID)
 		}
 		if !strings.HasPrefix(p.Status.ContainerStatuses[0].ContainerID, "kubelet-sim://"+wep.Spec.ContainerID) {
-			t.Errorf("pod %s: container status %q does not name the sandbox %s", p.Name, p.Status.ContainerStatuses[0].ContainerID, wep.Spec.ContainerID)
+			t.Errorf("pod %s: container status %q does not name the sandbox %s", p.Name,
+				p.Status.ContainerStatuses[0].ContainerID, wep.Spec.ContainerID)
 		}
 	}
 	for _, n := range st.NodeNames() {
@@ -175,7 +189,10 @@ func TestSimulator_Run_DeploymentLifecycle(t *testing.T) {
 
 	// Once the pools settle, every node holds only idle IPs within bounds.
 	settled := st.Checker(invariants.Config{Namespaces: []string{st.Opts.Namespace},
-		Pool: &invariants.PoolBounds{Min: st.Opts.IPAM.IdleMin, Max: st.Opts.IPAM.IdleMax}})
+		Pool: &invariants.PoolBounds{
+			Min: st.Opts.IPAM.IdleMin,
+			Max: st.Opts.IPAM.IdleMax,
+		}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if vs, err := settled.WaitClean(ctx, 500*time.Millisecond); err != nil {
@@ -192,7 +209,7 @@ func TestSimulator_Run_DeploymentLifecycle(t *testing.T) {
 func TestSimulator_Run_RetriesFailedAdd(t *testing.T) {
 	crds(t)
 	st := stack.Start(t, cp.Config, stack.Options{Name: "retry", Nodes: 1, Namespace: cp.Namespace(t), NoServe: true,
-		Kubelet: kubeletsim.Config{RetryBase: 50 * time.Millisecond, RetryMax: 400 * time.Millisecond}})
+		Kubelet: func(c *kubeletsim.Config) { c.RetryBase, c.RetryMax = 50*time.Millisecond, 400*time.Millisecond }})
 	createPods(t, st, "late", 1)
 	stack.Eventually(t, 30*time.Second, "failed ADDs and an event", func() (bool, string) {
 		evs, err := st.Kube.CoreV1().Events(st.Opts.Namespace).List(context.Background(), metav1.ListOptions{
@@ -228,7 +245,12 @@ func TestSimulator_Run_RetriesFailedAdd(t *testing.T) {
 func TestSimulator_Run_PodsBeyondOneENI(t *testing.T) {
 	crds(t)
 	const nodes, pods = 2, 24
-	st := stack.Start(t, cp.Config, stack.Options{Name: "small", Nodes: nodes, Namespace: cp.Namespace(t), MemoryGB: 8})
+	st := stack.Start(t, cp.Config, stack.Options{
+		Name:      "small",
+		Nodes:     nodes,
+		Namespace: cp.Namespace(t),
+		MemoryGB:  8,
+	})
 	createPods(t, st, "svc", pods)
 	stack.Eventually(t, 90*time.Second, "all pods Running", func() (bool, string) {
 		s := st.Kubelet.Stats()

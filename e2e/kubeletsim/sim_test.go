@@ -87,7 +87,10 @@ func newFixtureWith(t *testing.T, cni *scriptedCNI, mutate func(*Config), nodes 
 	t.Helper()
 	var objs []runtime.Object
 	for _, n := range nodes {
-		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{LabelSimulator: "unit"}}})
+		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+			Name:   n,
+			Labels: map[string]string{LabelSimulator: "unit"},
+		}})
 	}
 	kube := fake.NewClientset(objs...)
 	kube.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -121,8 +124,9 @@ func newFixtureWith(t *testing.T, cni *scriptedCNI, mutate func(*Config), nodes 
 		<-served
 	})
 
-	cfg := Config{Name: "unit", CNIEndpoint: lis.Addr().String(), Workers: 4,
-		RetryBase: 5 * time.Millisecond, RetryMax: 40 * time.Millisecond}
+	cfg := DefaultConfig()
+	cfg.Name, cfg.CNIEndpoint, cfg.Workers = "unit", lis.Addr().String(), 4
+	cfg.RetryBase, cfg.RetryMax = 5*time.Millisecond, 40*time.Millisecond
 	mutate(&cfg)
 	sim, err := New(cfg, Deps{Kube: kube}, nil, nil)
 	if err != nil {
@@ -142,14 +146,29 @@ func newFixtureWith(t *testing.T, cni *scriptedCNI, mutate func(*Config), nodes 
 	case <-time.After(10 * time.Second):
 		t.Fatal("simulator did not sync")
 	}
-	return &fixture{t: t, kube: kube, cni: cni, sim: sim}
+	return &fixture{
+		t:    t,
+		kube: kube,
+		cni:  cni,
+		sim:  sim,
+	}
 }
 
 func (f *fixture) createPod(name, node string) {
 	f.t.Helper()
 	_, err := f.kube.CoreV1().Pods("ns").Create(context.Background(), &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-ns-" + name)},
-		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "i"}}},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      name,
+			Namespace: "ns",
+			UID:       types.UID("uid-ns-" + name),
+		},
+		Spec: corev1.PodSpec{
+			NodeName: node,
+			Containers: []corev1.Container{{
+				Name:  "c",
+				Image: "i",
+			}},
+		},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		f.t.Fatal(err)
@@ -267,7 +286,10 @@ func TestSimulator_Sync_OnlyOwnNodes(t *testing.T) {
 		t.Fatalf("ADD for a pod on an unknown node")
 	}
 	_, err := f.kube.CoreV1().Nodes().Create(context.Background(), &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: "n2", Labels: map[string]string{LabelSimulator: "unit"}}}, metav1.CreateOptions{})
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   "n2",
+			Labels: map[string]string{LabelSimulator: "unit"},
+		}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +306,8 @@ func TestSimulator_Sync_OnlyOwnNodes(t *testing.T) {
 // held by the node, and renewed; other nodes get none.
 func TestSimulator_Run_RenewsNodeLeases(t *testing.T) {
 	f := newFixtureWith(t, newScriptedCNI(0, 0), func(c *Config) { c.NodeLeasePeriod = 20 * time.Millisecond }, "n1", "n2")
-	_, err := f.kube.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "real"}}, metav1.CreateOptions{})
+	_, err := f.kube.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "real"}},
+		metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,8 +337,18 @@ func TestSimulator_Run_RenewsNodeLeases(t *testing.T) {
 func TestSimulator_Sync_ManualSchedulerIsNotBound(t *testing.T) {
 	f := newFixture(t, newScriptedCNI(0, 0), "n1")
 	_, err := f.kube.CoreV1().Pods("ns").Create(context.Background(), &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "sts-0", Namespace: "ns", UID: types.UID("uid-ns-sts-0")},
-		Spec:       corev1.PodSpec{SchedulerName: ManualScheduler, Containers: []corev1.Container{{Name: "c", Image: "i"}}},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      "sts-0",
+			Namespace: "ns",
+			UID:       types.UID("uid-ns-sts-0"),
+		},
+		Spec: corev1.PodSpec{
+			SchedulerName: ManualScheduler,
+			Containers: []corev1.Container{{
+				Name:  "c",
+				Image: "i",
+			}},
+		},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -55,9 +55,9 @@ type Options struct {
 	IPAM ipam.Config
 	// CNI is the CNI server's config.
 	CNI cni.Config
-	// Kubelet overrides the simulator's config; the endpoint, names and
-	// cloud placement are filled in.
-	Kubelet kubeletsim.Config
+	// Kubelet, when set, adjusts the simulator's config (kubeletsim's
+	// DefaultConfig); the endpoint, names and cloud placement are filled in.
+	Kubelet func(*kubeletsim.Config)
 	// NoServe registers the nodes without asking the IPAM to serve them;
 	// call Serve later.
 	NoServe bool
@@ -145,7 +145,10 @@ func (o *Options) fillDefaults() {
 func (s *Stack) startCloud(t testing.TB) (securityGroup string) {
 	t.Helper()
 	o := s.Opts
-	sim, err := bcesim.New(bcesim.Config{Credentials: map[string]string{AccessKey: SecretKey}, PageSize: 100})
+	sim, err := bcesim.New(bcesim.Config{
+		Credentials: map[string]string{AccessKey: SecretKey},
+		PageSize:    100,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +166,10 @@ func (s *Stack) startCloud(t testing.TB) (securityGroup string) {
 	if s.SubnetID, err = sim.AddSubnet(subnet); err != nil {
 		t.Fatal(err)
 	}
-	sg, err := sim.AddSecurityGroup(bcesim.SecurityGroupSpec{ID: "g-" + o.Name, VPCID: s.VPCID})
+	sg, err := sim.AddSecurityGroup(bcesim.SecurityGroupSpec{
+		ID:    "g-" + o.Name,
+		VPCID: s.VPCID,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +195,11 @@ func (s *Stack) startCloud(t testing.TB) (securityGroup string) {
 func (s *Stack) startIPAM(t testing.TB) {
 	t.Helper()
 	var err error
-	deps := ipam.Deps{Kube: s.Kube, CCE: s.CCE, Cloud: s.Cloud}
+	deps := ipam.Deps{
+		Kube:  s.Kube,
+		CCE:   s.CCE,
+		Cloud: s.Cloud,
+	}
 	s.IPAM, err = ipam.New(s.Opts.IPAM, deps, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +233,10 @@ func (s *Stack) startIPAM(t testing.TB) {
 func (s *Stack) startKubelets(t testing.TB, securityGroup string) {
 	t.Helper()
 	o := s.Opts
-	kc := o.Kubelet
+	kc := kubeletsim.DefaultConfig()
+	if o.Kubelet != nil {
+		o.Kubelet(&kc)
+	}
 	kc.Name, kc.CNIEndpoint, kc.Namespace = o.Name, s.CNIAddr, o.Namespace
 	kc.ClusterID, kc.VPCID, kc.SubnetID, kc.Zone = s.ClusterID, s.VPCID, s.SubnetID, s.Zone
 	kc.SecurityGroupIDs = []string{securityGroup}

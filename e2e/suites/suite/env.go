@@ -2,6 +2,7 @@ package suite
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/cce-ipam/sharded/e2e/cluster"
 	"github.com/cce-ipam/sharded/e2e/fleet"
+	"github.com/cce-ipam/sharded/e2e/kubeletsim"
 )
 
 // Env is where a suite runs.
@@ -98,10 +100,16 @@ func fromEnv() (*Env, error) {
 			ext.CNIAddrs = append(ext.CNIAddrs, a)
 		}
 	}
-	if len(ext.CNIAddrs) == 0 || ext.SimURL == "" || ext.ClusterID == "" || ext.VPCID == "" || ext.SubnetID == "" || ext.SecurityGroup == "" {
-		return nil, fmt.Errorf("E2E_KUBECONFIG is set, so E2E_CNI_ENDPOINTS, E2E_BCE_ENDPOINT, E2E_CLUSTER_ID, E2E_VPC_ID, E2E_SUBNET_ID and E2E_SECURITY_GROUP are required")
+	if len(ext.CNIAddrs) == 0 || ext.SimURL == "" || ext.ClusterID == "" || ext.VPCID == "" ||
+		ext.SubnetID == "" || ext.SecurityGroup == "" {
+		return nil, errors.New("E2E_KUBECONFIG is set, so E2E_CNI_ENDPOINTS, E2E_BCE_ENDPOINT, E2E_CLUSTER_ID, " +
+			"E2E_VPC_ID, E2E_SUBNET_ID and E2E_SECURITY_GROUP are required")
 	}
-	env := &Env{Config: cfg, Kubeconfig: kc, External: ext}
+	env := &Env{
+		Config:     cfg,
+		Kubeconfig: kc,
+		External:   ext,
+	}
 	switch v := os.Getenv("E2E_SCHEDULER"); v {
 	case "", "cluster":
 	case "kubelet-sim":
@@ -120,7 +128,13 @@ func (e *Env) Fleet(t testing.TB, o fleet.Options) *fleet.Fleet {
 	t.Helper()
 	if e.External != nil {
 		o.External = e.External
-		o.Kubelet.NoScheduling = !e.KubeletSchedules
+		adjust := o.Kubelet
+		o.Kubelet = func(c *kubeletsim.Config) {
+			if adjust != nil {
+				adjust(c)
+			}
+			c.NoScheduling = !e.KubeletSchedules
+		}
 	}
 	if e.Config != nil {
 		o.Config, o.Kubeconfig = e.Config, e.Kubeconfig

@@ -80,7 +80,10 @@ func (e *env) budgetJoinLeave(ctx context.Context, res *budgetResult, nodes []st
 	ch := e.startChurn(ctx, budgetWorkers, func() []string { return nodes }, 1)
 	step := p.BudgetLoad / 6
 	mark := func(name string) {
-		res.events = append(res.events, event{at: time.Now(), name: name})
+		res.events = append(res.events, event{
+			at:   time.Now(),
+			name: name,
+		})
 		e.log.Info("budget phase", "event", name)
 	}
 	sleep(ctx, step)

@@ -51,7 +51,10 @@ func (e *env) startChurn(ctx context.Context, workers int, nodes func() []string
 					sleep(ctx, 200*time.Millisecond)
 					continue
 				}
-				p := pod{name: fmt.Sprintf("churn-%d-%d", w, e.drv.seq.Add(1)), node: ns[rnd.IntN(len(ns))]}
+				p := pod{
+					name: fmt.Sprintf("churn-%d-%d", w, e.drv.seq.Add(1)),
+					node: ns[rnd.IntN(len(ns))],
+				}
 				if err := retry(ctx, 30*time.Second, func() error { return e.drv.createPod(ctx, p) }); err != nil {
 					continue
 				}

@@ -51,7 +51,13 @@ type holder struct {
 }
 
 func newDriver(kube kubernetes.Interface, cc cceclient.Interface, ns string) *driver {
-	return &driver{kube: kube, cce: cc, ns: ns, conns: map[string]*grpc.ClientConn{}, held: map[string]holder{}}
+	return &driver{
+		kube:  kube,
+		cce:   cc,
+		ns:    ns,
+		conns: map[string]*grpc.ClientConn{},
+		held:  map[string]holder{},
+	}
 }
 
 func (d *driver) close() {
@@ -85,7 +91,10 @@ func (d *driver) createPods(ctx context.Context, prefix string, nodes []string, 
 	pods := make([]pod, 0, len(nodes)*perNode)
 	for k := range perNode {
 		for _, n := range nodes {
-			pods = append(pods, pod{name: fmt.Sprintf("%s-%d-%d", prefix, d.seq.Add(1), k), node: n})
+			pods = append(pods, pod{
+				name: fmt.Sprintf("%s-%d-%d", prefix, d.seq.Add(1), k),
+				node: n,
+			})
 		}
 	}
 	err := parallel(ctx, len(pods), conc, func(ctx context.Context, i int) error {
@@ -96,9 +105,15 @@ func (d *driver) createPods(ctx context.Context, prefix string, nodes []string, 
 
 func (d *driver) createPod(ctx context.Context, p pod) error {
 	_, err := d.kube.CoreV1().Pods(d.ns).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: p.name, Labels: map[string]string{"app": "bench"}},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   p.name,
+			Labels: map[string]string{"app": "bench"},
+		},
 		Spec: corev1.PodSpec{NodeName: p.node, TerminationGracePeriodSeconds: new(int64),
-			Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}},
+			Containers: []corev1.Container{{
+				Name:  "c",
+				Image: "registry.k8s.io/pause:3.10",
+			}}},
 	}, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil
@@ -111,8 +126,18 @@ func (d *driver) createPod(ctx context.Context, p pod) error {
 func (d *driver) setRunning(ctx context.Context, p pod, ip string) error {
 	now := metav1.Now()
 	st := corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, StartTime: &now,
-		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}}}
-	obj := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: d.ns}, Status: st}
+		Conditions: []corev1.PodCondition{{
+			Type:               corev1.PodReady,
+			Status:             corev1.ConditionTrue,
+			LastTransitionTime: now,
+		}}}
+	obj := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      p.name,
+			Namespace: d.ns,
+		},
+		Status: st,
+	}
 	return retry(ctx, 30*time.Second, func() error {
 		cur, err := d.kube.CoreV1().Pods(d.ns).Get(ctx, p.name, metav1.GetOptions{})
 		if err != nil {
@@ -224,7 +249,10 @@ func (d *driver) release(ctx context.Context, target func() string, p pod, cid, 
 	}
 	d.heldMu.Lock()
 	if h, ok := d.held[ip]; ok && h.pod == p.name {
-		d.held[ip] = holder{pod: p.name, abandoned: true}
+		d.held[ip] = holder{
+			pod:       p.name,
+			abandoned: true,
+		}
 	}
 	d.heldMu.Unlock()
 	return fmt.Errorf("release %s: %w (last: %v)", p.name, rctx.Err(), last)
@@ -241,7 +269,10 @@ func (d *driver) Violations() []string {
 // call's duration.
 func (d *driver) floorCreate(ctx context.Context, ns, name string, i int) (time.Duration, error) {
 	w := &cce.WorkloadEndpoint{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": "bench-floor"}},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   name,
+			Labels: map[string]string{"app": "bench-floor"},
+		},
 		Spec: cce.WorkloadEndpointSpec{IP: fmt.Sprintf("192.168.%d.%d", (i/250)%250, i%250+1), Node: "floor-node",
 			ContainerID: d.containerID(), Type: cce.WorkloadEndpointTypePod, Mac: "fa:26:00:00:00:01",
 			ENIID: "eni-floor", InstanceID: "i-floor", SubnetID: "sbn-floor", UpdateAt: metav1.Now()},

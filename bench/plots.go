@@ -17,7 +17,10 @@ func e2eOwnedPlot(path string, res *results) error {
 	for _, sm := range resSamples(res, f.start, f.end) {
 		s := byReplica[sm.replica]
 		if s == nil {
-			s = &report.Series{Name: fmt.Sprintf("r%d", sm.replica), Step: true}
+			s = &report.Series{
+				Name: fmt.Sprintf("r%d", sm.replica),
+				Step: true,
+			}
 			byReplica[sm.replica] = s
 			ids = append(ids, sm.replica)
 		}
@@ -35,29 +38,49 @@ func e2eOwnedPlot(path string, res *results) error {
 		if i == 0 {
 			name = "SIGKILL"
 		}
-		marks = append(marks, report.Mark{Name: name, X: r.killedAt.Sub(f.start).Seconds(), Vertical: true})
+		marks = append(marks, report.Mark{
+			Name:     name,
+			X:        r.killedAt.Sub(f.start).Seconds(),
+			Vertical: true,
+		})
 	}
 	return report.Lines(path, "Owned nodes per replica during failover", "seconds", "nodes served", series, marks)
 }
 
 // budgetPlot draws the BCE calls per second at bce-sim against rate+burst.
 func budgetPlot(path string, p Profile, b *budgetResult) error {
-	calls := report.Series{Name: "BCE calls/s at bce-sim", Step: true}
+	calls := report.Series{
+		Name: "BCE calls/s at bce-sim",
+		Step: true,
+	}
 	for _, s := range b.perSecond {
 		calls.X = append(calls.X, float64(s.Unix-b.start.Unix()))
 		calls.Y = append(calls.Y, float64(s.Calls))
 	}
-	busy := report.Series{Name: fmt.Sprintf("one busy replica (r%d), others idle", b.busyReplica), Step: true}
+	busy := report.Series{
+		Name: fmt.Sprintf("one busy replica (r%d), others idle", b.busyReplica),
+		Step: true,
+	}
 	for _, s := range b.busyPerSecond {
 		busy.X = append(busy.X, float64(s.Unix-b.start.Unix()))
 		busy.Y = append(busy.Y, float64(s.Calls))
 	}
 	marks := []report.Mark{
-		{Name: "rate + burst", Y: p.BudgetRate + float64(p.BudgetBurst)},
-		{Name: "rate", Y: p.BudgetRate},
+		{
+			Name: "rate + burst",
+			Y:    p.BudgetRate + float64(p.BudgetBurst),
+		},
+		{
+			Name: "rate",
+			Y:    p.BudgetRate,
+		},
 	}
 	for _, e := range b.events {
-		marks = append(marks, report.Mark{Name: e.name, X: e.at.Sub(b.start).Seconds(), Vertical: true})
+		marks = append(marks, report.Mark{
+			Name:     e.name,
+			X:        e.at.Sub(b.start).Seconds(),
+			Vertical: true,
+		})
 	}
 	return report.Lines(path, "BCE calls per second against the global budget", "seconds", "calls in the second",
 		[]report.Series{calls, busy}, marks)

@@ -66,9 +66,12 @@ var Profiles = map[string]Profile{
 		ChurnWorkers: 6,
 		BudgetLoad:   30 * time.Second,
 		BusyAlone:    10 * time.Second,
-		Scales:       []Scale{{Nodes: 30, PodsPerNode: 5}},
-		ColdRepeats:  1,
-		MemWindow:    5 * time.Second,
+		Scales: []Scale{{
+			Nodes:       30,
+			PodsPerNode: 5,
+		}},
+		ColdRepeats: 1,
+		MemWindow:   5 * time.Second,
 	},
 	"short": {
 		Name:         "short",
@@ -85,9 +88,12 @@ var Profiles = map[string]Profile{
 		ChurnWorkers: 6,
 		BudgetLoad:   60 * time.Second,
 		BusyAlone:    20 * time.Second,
-		Scales:       []Scale{{Nodes: 300, PodsPerNode: 30}},
-		ColdRepeats:  2,
-		MemWindow:    10 * time.Second,
+		Scales: []Scale{{
+			Nodes:       300,
+			PodsPerNode: 30,
+		}},
+		ColdRepeats: 2,
+		MemWindow:   10 * time.Second,
 	},
 	"long": {
 		Name:         "long",
@@ -104,9 +110,15 @@ var Profiles = map[string]Profile{
 		ChurnWorkers: 6,
 		BudgetLoad:   90 * time.Second,
 		BusyAlone:    30 * time.Second,
-		Scales:       []Scale{{Nodes: 1000, PodsPerNode: 30}, {Nodes: 3000, PodsPerNode: 30}},
-		ColdRepeats:  2,
-		MemWindow:    20 * time.Second,
+		Scales: []Scale{{
+			Nodes:       1000,
+			PodsPerNode: 30,
+		}, {
+			Nodes:       3000,
+			PodsPerNode: 30,
+		}},
+		ColdRepeats: 2,
+		MemWindow:   20 * time.Second,
 	},
 }
 

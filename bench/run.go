@@ -41,7 +41,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
 		return err
 	}
-	res := &results{started: time.Now(), machine: report.Machine(cfg.BinDir)}
+	res := &results{
+		started: time.Now(),
+		machine: report.Machine(cfg.BinDir),
+	}
 	e, err := startEnv(ctx, cfg)
 	if err != nil {
 		return err
@@ -103,7 +106,10 @@ func (e *env) runAll(ctx context.Context, res *results) error {
 	// cluster (the fill's Running pods).
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
 	defer cancel()
-	chk, err := e.f.Checker(invariants.Config{Namespaces: []string{podNamespace}, OrphanGrace: time.Minute})
+	chk, err := e.f.Checker(invariants.Config{
+		Namespaces:  []string{podNamespace},
+		OrphanGrace: time.Minute,
+	})
 	if err != nil {
 		return err
 	}

@@ -41,7 +41,10 @@ type sampler struct {
 }
 
 func newSampler(f *fleet.Fleet, interval time.Duration) *sampler {
-	return &sampler{f: f, interval: interval}
+	return &sampler{
+		f:        f,
+		interval: interval,
+	}
 }
 
 func (s *sampler) start() {
@@ -74,7 +77,11 @@ func (s *sampler) scrapeAll(ctx context.Context) {
 		if !r.Running() {
 			// A stopped replica serves nothing: plots drop to zero.
 			s.mu.Lock()
-			s.samples = append(s.samples, sample{at: time.Now(), replica: r.Index(), down: true})
+			s.samples = append(s.samples, sample{
+				at:      time.Now(),
+				replica: r.Index(),
+				down:    true,
+			})
 			s.mu.Unlock()
 			continue
 		}

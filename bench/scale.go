@@ -176,7 +176,10 @@ func (e *env) startN(ctx context.Context, n int) error {
 // coldStart stops every replica, starts n fresh ones and measures the time
 // and BCE calls until every node is served, then samples their memory.
 func (e *env) coldStart(ctx context.Context, n int) (coldStart, error) {
-	c := coldStart{replicas: n, calls: map[bcesim.Op]int64{}}
+	c := coldStart{
+		replicas: n,
+		calls:    map[bcesim.Op]int64{},
+	}
 	if err := e.stopAll(); err != nil {
 		return c, err
 	}
@@ -244,7 +247,10 @@ func (e *env) fill(ctx context.Context, perNode int, filled map[string]bool) (in
 	pods := make([]pod, 0, len(todo)*perNode)
 	for k := range perNode {
 		for _, n := range todo {
-			pods = append(pods, pod{name: fmt.Sprintf("fill-%s-%d", n, k), node: n})
+			pods = append(pods, pod{
+				name: fmt.Sprintf("fill-%s-%d", n, k),
+				node: n,
+			})
 		}
 	}
 	stopLog := make(chan struct{})

@@ -18,7 +18,11 @@ import (
 
 func createENI(t *testing.T, e *env, name, subnet string) string {
 	t.Helper()
-	id, err := e.client.CreateENI(context.Background(), cloud.CreateENIRequest{Name: name, SubnetID: subnet, SecurityGroupIDs: []string{e.sg}})
+	id, err := e.client.CreateENI(context.Background(), cloud.CreateENIRequest{
+		Name:             name,
+		SubnetID:         subnet,
+		SecurityGroupIDs: []string{e.sg},
+	})
 	if err != nil {
 		t.Fatalf("create eni %s: %v", name, err)
 	}
@@ -51,7 +55,10 @@ func available(t *testing.T, e *env, subnet string) int {
 }
 
 func TestConformance_ENILifecycle(t *testing.T) {
-	e := newEnv(t, envOpts{sim: bcesim.Config{World: bcesim.WorldConfig{AttachDelay: 5 * time.Second, DetachDelay: 2 * time.Second}}})
+	e := newEnv(t, envOpts{sim: bcesim.Config{World: bcesim.WorldConfig{
+		AttachDelay: 5 * time.Second,
+		DetachDelay: 2 * time.Second,
+	}}})
 	ctx := context.Background()
 	free0 := available(t, e, e.subnet)
 
@@ -160,7 +167,10 @@ func TestConformance_PaginationAcrossPages(t *testing.T) {
 	createENI(t, e, "xc-1/i-z/other/000000", e.subnet) // contains "c-1/" but does not start with it
 
 	before := e.srv.Stats().Ops[bcesim.OpListENIs].Calls
-	got, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC, NamePrefix: "c-1/"})
+	got, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{
+		VPCID:      testVPC,
+		NamePrefix: "c-1/",
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,11 +194,19 @@ func TestConformance_PaginationAcrossPages(t *testing.T) {
 	}
 
 	for i := range 5 {
-		if _, err := e.srv.AddSubnet(bcesim.SubnetSpec{ZoneName: testZone, CIDR: fmt.Sprintf("10.1.%d.0/24", i), VPCID: testVPC}); err != nil {
+		if _, err := e.srv.AddSubnet(bcesim.SubnetSpec{
+			ZoneName: testZone,
+			CIDR:     fmt.Sprintf("10.1.%d.0/24", i),
+			VPCID:    testVPC,
+		}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := e.srv.AddSubnet(bcesim.SubnetSpec{ZoneName: testZone, CIDR: "10.9.0.0/24", VPCID: "vpc-other"}); err != nil {
+	if _, err := e.srv.AddSubnet(bcesim.SubnetSpec{
+		ZoneName: testZone,
+		CIDR:     "10.9.0.0/24",
+		VPCID:    "vpc-other",
+	}); err != nil {
 		t.Fatal(err)
 	}
 	before = e.srv.Stats().Ops[bcesim.OpListSubnets].Calls
@@ -211,7 +229,8 @@ func TestConformance_DescribeSubnetAndInstance(t *testing.T) {
 	ctx := context.Background()
 	sn, err := e.client.DescribeSubnet(ctx, e.small)
 	// /28 = 16 addresses minus network, gateway and broadcast.
-	if err != nil || sn.ID != e.small || sn.CIDR != "10.0.1.0/28" || sn.AvailableIP != 13 || sn.ZoneName != testZone || sn.SubnetType != "BCC" {
+	if err != nil || sn.ID != e.small || sn.CIDR != "10.0.1.0/28" || sn.AvailableIP != 13 || sn.ZoneName != testZone ||
+		sn.SubnetType != "BCC" {
 		t.Fatalf("describe subnet: %+v %v", sn, err)
 	}
 	in, err := e.client.GetInstance(ctx, e.i4g)
@@ -283,7 +302,12 @@ func TestConformance_ContextCancelsInFlightCall(t *testing.T) {
 func TestConformance_ListENIsKeepsOnlyTheGivenInstances(t *testing.T) {
 	e := newEnv(t, envOpts{sim: bcesim.Config{PageSize: 2}})
 	ctx := context.Background()
-	other, err := e.srv.AddInstance(bcesim.InstanceSpec{ID: "i-other", SubnetID: e.subnet, CPUCount: 16, MemoryGB: 128})
+	other, err := e.srv.AddInstance(bcesim.InstanceSpec{
+		ID:       "i-other",
+		SubnetID: e.subnet,
+		CPUCount: 16,
+		MemoryGB: 128,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +318,11 @@ func TestConformance_ListENIsKeepsOnlyTheGivenInstances(t *testing.T) {
 	loose := createENI(t, e, "c-1/i-gone/node-c/000000", e.subnet)
 	e.clock.Step(5 * time.Second)
 
-	got, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC, NamePrefix: "c-1/", Instances: map[string]bool{e.i128g: true}})
+	got, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{
+		VPCID:      testVPC,
+		NamePrefix: "c-1/",
+		Instances:  map[string]bool{e.i128g: true},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,11 +336,18 @@ func TestConformance_ListENIsKeepsOnlyTheGivenInstances(t *testing.T) {
 	if want := []string{mine, loose}; !slices.Equal(sorted(ids), sorted(want)) {
 		t.Fatalf("listed %v, want %v (ours and the unattached one, not %s)", ids, want, theirs)
 	}
-	none, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC, NamePrefix: "c-1/", Instances: map[string]bool{}})
+	none, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{
+		VPCID:      testVPC,
+		NamePrefix: "c-1/",
+		Instances:  map[string]bool{},
+	})
 	if err != nil || len(none) != 1 || none[0].ID != loose {
 		t.Fatalf("no instances: %v %v, want only the unattached %s", none, err, loose)
 	}
-	all, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC, NamePrefix: "c-1/"})
+	all, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{
+		VPCID:      testVPC,
+		NamePrefix: "c-1/",
+	})
 	if err != nil || len(all) != 3 {
 		t.Fatalf("nil Instances filters nothing: %d ENIs, %v", len(all), err)
 	}

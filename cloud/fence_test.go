@@ -15,7 +15,10 @@ import (
 // before the retry is not retried: BCE sees one request, and the call fails
 // Canceled, matching ErrFenced and the permission's reason.
 func TestForNode_NotRetriedAfterPermissionEnds(t *testing.T) {
-	e := newEnv(t, envOpts{client: cloud.Config{SDKRetries: 3, SDKRetryBase: time.Millisecond}})
+	e := newEnv(t, envOpts{client: cloud.Config{
+		SDKRetries:   3,
+		SDKRetryBase: time.Millisecond,
+	}})
 	if err := e.srv.SetFaults(bcesim.Faults{ErrorRate: map[bcesim.Op]float64{bcesim.OpDeletePrivateIP: 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +38,8 @@ func TestForNode_NotRetriedAfterPermissionEnds(t *testing.T) {
 		t.Fatalf("the node's permission ended after the first attempt (a 5xx), yet BCE saw %d requests (err %v)", n, err)
 	}
 	if cloud.ClassOf(err) != cloud.ClassCanceled || !errors.Is(err, cloud.ErrFenced) || !errors.Is(err, lost) {
-		t.Fatalf("retry after the permission ended: %v (class %v), want Canceled matching ErrFenced and the reason", err, cloud.ClassOf(err))
+		t.Fatalf("retry after the permission ended: %v (class %v), want Canceled matching ErrFenced and the reason", err,
+			cloud.ClassOf(err))
 	}
 	if asked < 2 {
 		t.Fatalf("permission asked %d times, want before the attempt and again before the retry", asked)
@@ -72,7 +76,11 @@ func TestForNode_RefusedSendsNothing(t *testing.T) {
 func TestForNode_AttemptEndsAtPermissionDeadline(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	bg := context.Background()
-	eniID, err := e.client.CreateENI(bg, cloud.CreateENIRequest{Name: "c/i/n/0", SubnetID: e.subnet, SecurityGroupIDs: []string{e.sg}})
+	eniID, err := e.client.CreateENI(bg, cloud.CreateENIRequest{
+		Name:             "c/i/n/0",
+		SubnetID:         e.subnet,
+		SecurityGroupIDs: []string{e.sg},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

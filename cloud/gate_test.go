@@ -35,7 +35,10 @@ func TestGate_ClosedSendsNothing(t *testing.T) {
 // replica's share of the cluster's operations.
 func TestOpLimits_ScaleWithShare(t *testing.T) {
 	e := newEnv(t, envOpts{client: cloud.Config{Rate: 100, Burst: 50,
-		OpLimits: map[string]cloud.OpLimit{"ListENIs": {Rate: 0.1, Burst: 2}}}})
+		OpLimits: map[string]cloud.OpLimit{"ListENIs": {
+			Rate:  0.1,
+			Burst: 2,
+		}}}})
 	ctx := context.Background()
 	// Two tokens of burst, then one per ten seconds: the third call waits
 	// (here, past its deadline) although the shared bucket is full.
@@ -68,9 +71,15 @@ func TestOpLimits_ScaleWithShare(t *testing.T) {
 // it completes within its deadline.
 func TestThrottledRetry_TakesNoSecondOpToken(t *testing.T) {
 	e := newEnv(t, envOpts{
-		sim: bcesim.Config{RateLimits: map[bcesim.Op]bcesim.RateLimit{bcesim.OpListENIs: {QPS: 5, Burst: 1}}},
+		sim: bcesim.Config{RateLimits: map[bcesim.Op]bcesim.RateLimit{bcesim.OpListENIs: {
+			QPS:   5,
+			Burst: 1,
+		}}},
 		client: cloud.Config{ThrottleRetries: 3,
-			OpLimits: map[string]cloud.OpLimit{"ListENIs": {Rate: 5, Burst: 1}}},
+			OpLimits: map[string]cloud.OpLimit{"ListENIs": {
+				Rate:  5,
+				Burst: 1,
+			}}},
 	})
 	ctx := context.Background()
 	if err := e.client.SetOpShare(0.01); err != nil { // one token per 20 s for this replica
@@ -114,7 +123,10 @@ func TestThrottledRetry_TakesNoSecondOpToken(t *testing.T) {
 // periodic sync then yields) and goes without when there is none.
 func TestUrgent_GoesAheadOfTheOpShare(t *testing.T) {
 	e := newEnv(t, envOpts{client: cloud.Config{Rate: 100, Burst: 50,
-		OpLimits: map[string]cloud.OpLimit{"ListENIs": {Rate: 0.01, Burst: 1}}}}) // one token per 100 s
+		OpLimits: map[string]cloud.OpLimit{"ListENIs": {
+			Rate:  0.01,
+			Burst: 1,
+		}}}}) // one token per 100 s
 	ctx := context.Background()
 	if _, err := e.client.ListENIs(cloud.Urgent(ctx), cloud.ListENIsOptions{VPCID: testVPC}); err != nil {
 		t.Fatal(err)
@@ -141,10 +153,17 @@ func TestUrgent_GoesAheadOfTheOpShare(t *testing.T) {
 func TestUrgent_OutlastsContendedThrottling(t *testing.T) {
 	// bce-sim's bucket refills on the wall clock: at this rate, not within
 	// the test; the test lifts the limit itself.
-	starved := map[bcesim.Op]bcesim.RateLimit{bcesim.OpListENIs: {QPS: 0.001, Burst: 1}}
+	starved := map[bcesim.Op]bcesim.RateLimit{bcesim.OpListENIs: {
+		QPS:   0.001,
+		Burst: 1,
+	}}
 	e := newEnv(t, envOpts{
-		sim:    bcesim.Config{RateLimits: starved},
-		client: cloud.Config{ThrottleRetries: 1, ThrottleBackoff: 5 * time.Millisecond, OpLimits: map[string]cloud.OpLimit{}},
+		sim: bcesim.Config{RateLimits: starved},
+		client: cloud.Config{
+			ThrottleRetries: 1,
+			ThrottleBackoff: 5 * time.Millisecond,
+			OpLimits:        map[string]cloud.OpLimit{},
+		},
 	})
 	ctx := context.Background()
 	if _, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC}); err != nil { // empties the bucket
@@ -174,7 +193,10 @@ func TestUrgent_OutlastsContendedThrottling(t *testing.T) {
 			}
 			time.Sleep(100 * time.Microsecond)
 		}
-		lifted <- e.srv.SetRateLimits(map[bcesim.Op]bcesim.RateLimit{bcesim.OpListENIs: {QPS: 1000, Burst: 1000}})
+		lifted <- e.srv.SetRateLimits(map[bcesim.Op]bcesim.RateLimit{bcesim.OpListENIs: {
+			QPS:   1000,
+			Burst: 1000,
+		}})
 	}()
 	if _, err := e.client.ListENIs(cloud.Urgent(short), cloud.ListENIsOptions{VPCID: testVPC}); err != nil {
 		t.Fatalf("urgent call turned away %d times: %v, want it retried until served", throttled()-before, err)

@@ -64,11 +64,34 @@ func newEnv(t *testing.T, o envOpts) *env {
 		}
 		return id
 	}
-	e.subnet = must(srv.AddSubnet(bcesim.SubnetSpec{ID: "sbn-main", ZoneName: testZone, CIDR: "10.0.0.0/24", VPCID: testVPC}))
-	e.small = must(srv.AddSubnet(bcesim.SubnetSpec{ID: "sbn-small", ZoneName: testZone, CIDR: "10.0.1.0/28", VPCID: testVPC}))
-	e.sg = must(srv.AddSecurityGroup(bcesim.SecurityGroupSpec{ID: "g-conf", VPCID: testVPC}))
-	e.i4g = must(srv.AddInstance(bcesim.InstanceSpec{ID: "i-4g", SubnetID: e.subnet, CPUCount: 2, MemoryGB: 4}))
-	e.i128g = must(srv.AddInstance(bcesim.InstanceSpec{ID: "i-128g", SubnetID: e.subnet, CPUCount: 16, MemoryGB: 128}))
+	e.subnet = must(srv.AddSubnet(bcesim.SubnetSpec{
+		ID:       "sbn-main",
+		ZoneName: testZone,
+		CIDR:     "10.0.0.0/24",
+		VPCID:    testVPC,
+	}))
+	e.small = must(srv.AddSubnet(bcesim.SubnetSpec{
+		ID:       "sbn-small",
+		ZoneName: testZone,
+		CIDR:     "10.0.1.0/28",
+		VPCID:    testVPC,
+	}))
+	e.sg = must(srv.AddSecurityGroup(bcesim.SecurityGroupSpec{
+		ID:    "g-conf",
+		VPCID: testVPC,
+	}))
+	e.i4g = must(srv.AddInstance(bcesim.InstanceSpec{
+		ID:       "i-4g",
+		SubnetID: e.subnet,
+		CPUCount: 2,
+		MemoryGB: 4,
+	}))
+	e.i128g = must(srv.AddInstance(bcesim.InstanceSpec{
+		ID:       "i-128g",
+		SubnetID: e.subnet,
+		CPUCount: 16,
+		MemoryGB: 128,
+	}))
 
 	cc := o.client
 	cc.Endpoint = srv.URL()

@@ -57,7 +57,14 @@ func start(t *testing.T, cfg Config, consume bool) *testNode {
 		t.Fatalf("New: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &testNode{t: t, m: m, reg: reg, cancel: cancel, done: make(chan error, 1), consumed: make(chan struct{})}
+	n := &testNode{
+		t:        t,
+		m:        m,
+		reg:      reg,
+		cancel:   cancel,
+		done:     make(chan error, 1),
+		consumed: make(chan struct{}),
+	}
 	go func() { n.done <- m.Run(ctx) }()
 	select {
 	case <-m.Started():

@@ -180,7 +180,12 @@ func TestMembership_EventsInOrderWhileConsumerStalls(t *testing.T) {
 		}
 		state[ev.Member.Name] = ev.Type
 	}
-	for n, want := range map[*testNode]EventType{b: EventJoin, c: EventLeave, d: EventLeave, e: EventLeave} {
+	for n, want := range map[*testNode]EventType{
+		b: EventJoin,
+		c: EventLeave,
+		d: EventLeave,
+		e: EventLeave,
+	} {
 		if state[n.m.Name()] != want {
 			t.Errorf("last event of %s = %v, want %v: %v", names[n.m.Name()], state[n.m.Name()], want, trace)
 		}

@@ -25,7 +25,10 @@ type Env struct {
 // Machine reads /proc, the binaries in binDir and git (best effort: a
 // missing piece is left empty).
 func Machine(binDir string) Env {
-	e := Env{Cores: runtime.NumCPU(), Go: runtime.Version()}
+	e := Env{
+		Cores: runtime.NumCPU(),
+		Go:    runtime.Version(),
+	}
 	e.CPUModel = procField("/proc/cpuinfo", "model name")
 	e.MemTotal = procField("/proc/meminfo", "MemTotal")
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {

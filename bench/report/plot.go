@@ -84,9 +84,9 @@ func Lines(path, title, xlabel, ylabel string, series []Series, marks []Mark) er
 	for i, m := range marks {
 		var pts plotter.XYs
 		if m.Vertical {
-			pts = plotter.XYs{{X: m.X, Y: 0}, {X: m.X, Y: ymax}}
+			pts = segment(m.X, 0, m.X, ymax)
 		} else {
-			pts = plotter.XYs{{X: xmin, Y: m.Y}, {X: xmax, Y: m.Y}}
+			pts = segment(xmin, m.Y, xmax, m.Y)
 		}
 		l, err := plotter.NewLine(pts)
 		if err != nil {
@@ -121,7 +121,10 @@ func addSeries(p *plot.Plot, series []Series, logX bool) error {
 			if logX && s.X[j] <= 0 {
 				continue
 			}
-			pts = append(pts, plotter.XY{X: s.X[j], Y: s.Y[j]})
+			pts = append(pts, plotter.XY{
+				X: s.X[j],
+				Y: s.Y[j],
+			})
 		}
 		if len(pts) == 0 {
 			continue
@@ -143,4 +146,12 @@ func addSeries(p *plot.Plot, series []Series, logX bool) error {
 	p.Legend.TextStyle.Font.Size = vg.Points(8)
 	p.Legend.Padding = vg.Points(1)
 	return nil
+}
+
+// segment is the line from (x0, y0) to (x1, y1).
+func segment(x0, y0, x1, y1 float64) plotter.XYs {
+	pts := make(plotter.XYs, 2)
+	pts[0].X, pts[0].Y = x0, y0
+	pts[1].X, pts[1].Y = x1, y1
+	return pts
 }

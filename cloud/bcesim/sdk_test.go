@@ -36,7 +36,10 @@ func newSDK(t testing.TB, endpoint, ak, sk string) *sdk {
 	bc := &bce.BceClient{
 		Config: &bce.BceClientConfiguration{
 			Endpoint: endpoint, Region: "bj", UserAgent: bce.DEFAULT_USER_AGENT, Credentials: cred,
-			SignOption: &auth.SignOptions{HeadersToSign: auth.DEFAULT_HEADERS_TO_SIGN, ExpireSeconds: auth.DEFAULT_EXPIRE_SECONDS},
+			SignOption: &auth.SignOptions{
+				HeadersToSign: auth.DEFAULT_HEADERS_TO_SIGN,
+				ExpireSeconds: auth.DEFAULT_EXPIRE_SECONDS,
+			},
 			// Short backoff so retried 5xx cost milliseconds in tests.
 			Retry:                     bce.NewBackOffRetryPolicy(3, 20, 1),
 			ConnectionTimeoutInMillis: 10_000,
@@ -45,7 +48,11 @@ func newSDK(t testing.TB, endpoint, ak, sk string) *sdk {
 		HTTPClient: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()},
 	}
 	t.Cleanup(bc.HTTPClient.CloseIdleConnections)
-	return &sdk{eni: &eni.Client{BceClient: bc}, vpc: &vpc.Client{BceClient: bc}, bcc: &bcc.Client{BceClient: bc}}
+	return &sdk{
+		eni: &eni.Client{BceClient: bc},
+		vpc: &vpc.Client{BceClient: bc},
+		bcc: &bcc.Client{BceClient: bc},
+	}
 }
 
 // world is a started simulator with one VPC, two subnets, security group and instances.
@@ -76,7 +83,10 @@ func startWorld(t testing.TB, cfg bcesim.Config) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	w := &world{srv: srv, url: srv.URL()}
+	w := &world{
+		srv: srv,
+		url: srv.URL(),
+	}
 	must := func(id string, err error) string {
 		t.Helper()
 		if err != nil {
@@ -84,11 +94,42 @@ func startWorld(t testing.TB, cfg bcesim.Config) *world {
 		}
 		return id
 	}
-	w.subnet = must(srv.AddSubnet(bcesim.SubnetSpec{ID: "sbn-a", ZoneName: testZone, CIDR: "10.0.0.0/24", VPCID: testVPC}))
-	w.subnet2 = must(srv.AddSubnet(bcesim.SubnetSpec{ID: "sbn-b", ZoneName: testZone, CIDR: "10.0.1.0/28", VPCID: testVPC}))
-	w.sg = must(srv.AddSecurityGroup(bcesim.SecurityGroupSpec{ID: "g-test", VPCID: testVPC}))
-	w.small = must(srv.AddInstance(bcesim.InstanceSpec{ID: "i-small", SubnetID: w.subnet, CPUCount: 2, MemoryGB: 4, SecurityGroupIDs: []string{w.sg}}))
-	w.big = must(srv.AddInstance(bcesim.InstanceSpec{ID: "i-big", SubnetID: w.subnet, CPUCount: 16, MemoryGB: 128, SecurityGroupIDs: []string{w.sg}}))
-	w.tiny = must(srv.AddInstance(bcesim.InstanceSpec{ID: "i-tiny", SubnetID: w.subnet, CPUCount: 1, MemoryGB: 1, SecurityGroupIDs: []string{w.sg}}))
+	w.subnet = must(srv.AddSubnet(bcesim.SubnetSpec{
+		ID:       "sbn-a",
+		ZoneName: testZone,
+		CIDR:     "10.0.0.0/24",
+		VPCID:    testVPC,
+	}))
+	w.subnet2 = must(srv.AddSubnet(bcesim.SubnetSpec{
+		ID:       "sbn-b",
+		ZoneName: testZone,
+		CIDR:     "10.0.1.0/28",
+		VPCID:    testVPC,
+	}))
+	w.sg = must(srv.AddSecurityGroup(bcesim.SecurityGroupSpec{
+		ID:    "g-test",
+		VPCID: testVPC,
+	}))
+	w.small = must(srv.AddInstance(bcesim.InstanceSpec{
+		ID:               "i-small",
+		SubnetID:         w.subnet,
+		CPUCount:         2,
+		MemoryGB:         4,
+		SecurityGroupIDs: []string{w.sg},
+	}))
+	w.big = must(srv.AddInstance(bcesim.InstanceSpec{
+		ID:               "i-big",
+		SubnetID:         w.subnet,
+		CPUCount:         16,
+		MemoryGB:         128,
+		SecurityGroupIDs: []string{w.sg},
+	}))
+	w.tiny = must(srv.AddInstance(bcesim.InstanceSpec{
+		ID:               "i-tiny",
+		SubnetID:         w.subnet,
+		CPUCount:         1,
+		MemoryGB:         1,
+		SecurityGroupIDs: []string{w.sg},
+	}))
 	return w
 }

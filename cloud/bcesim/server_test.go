@@ -36,7 +36,10 @@ func createENI(t *testing.T, c *sdk, w *world, name string) string {
 func TestServer_SDKLifecycle(t *testing.T) {
 	// The simulator takes its clock as a func() time.Time (Config.Now).
 	clock := clocktesting.NewFakeClock(time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC))
-	w := startWorld(t, bcesim.Config{Now: clock.Now, World: bcesim.WorldConfig{AttachDelay: 3 * time.Second}})
+	w := startWorld(t, bcesim.Config{
+		Now:   clock.Now,
+		World: bcesim.WorldConfig{AttachDelay: 3 * time.Second},
+	})
 	c := newSDK(t, w.url, testAK, testSK)
 
 	id := createENI(t, c, w, "c-abc/i-small/node1/abcdef")
@@ -51,7 +54,10 @@ func TestServer_SDKLifecycle(t *testing.T) {
 		t.Fatalf("createdTime %q: %v", got.CreatedTime, err)
 	}
 	inst := w.small
-	if err := c.eni.AttachEniInstance(&eni.EniInstance{EniId: id, InstanceId: &inst}); err != nil {
+	if err := c.eni.AttachEniInstance(&eni.EniInstance{
+		EniId:      id,
+		InstanceId: &inst,
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := c.eni.GetEniDetail(id); got.Status != "attaching" || got.InstanceId != inst {
@@ -62,7 +68,10 @@ func TestServer_SDKLifecycle(t *testing.T) {
 		t.Fatalf("after the attach delay: status %q, want inuse", got.Status)
 	}
 	// 4 GB memory: 8 addresses per ENI including the primary.
-	res, err := c.eni.BatchAddPrivateIp(&eni.EniBatchPrivateIpArgs{EniId: id, PrivateIpAddressCount: 7})
+	res, err := c.eni.BatchAddPrivateIp(&eni.EniBatchPrivateIpArgs{
+		EniId:                 id,
+		PrivateIpAddressCount: 7,
+	})
 	if err != nil || len(res.PrivateIpAddresses) != 7 {
 		t.Fatalf("batch add 7: %v %v", res, err)
 	}
@@ -70,10 +79,16 @@ func TestServer_SDKLifecycle(t *testing.T) {
 	if se := svcErr(t, err); se.Code != bcesim.CodeVMMemoryIPCap || se.StatusCode != http.StatusBadRequest {
 		t.Fatalf("add past the memory cap: %v", se)
 	}
-	if err := c.eni.DeletePrivateIp(&eni.EniPrivateIpArgs{EniId: id, PrivateIpAddress: res.PrivateIpAddresses[0]}); err != nil {
+	if err := c.eni.DeletePrivateIp(&eni.EniPrivateIpArgs{
+		EniId:            id,
+		PrivateIpAddress: res.PrivateIpAddresses[0],
+	}); err != nil {
 		t.Fatal(err)
 	}
-	err = c.eni.DeletePrivateIp(&eni.EniPrivateIpArgs{EniId: id, PrivateIpAddress: res.PrivateIpAddresses[0]})
+	err = c.eni.DeletePrivateIp(&eni.EniPrivateIpArgs{
+		EniId:            id,
+		PrivateIpAddress: res.PrivateIpAddresses[0],
+	})
 	if se := svcErr(t, err); se.Code != bcesim.CodePrivateIPNotExist {
 		t.Fatalf("delete twice: %v", se)
 	}
@@ -100,7 +115,10 @@ func TestServer_BadSignatureAndUnknownKey(t *testing.T) {
 }
 
 func TestServer_RateLimitAnswers429(t *testing.T) {
-	w := startWorld(t, bcesim.Config{RateLimits: map[bcesim.Op]bcesim.RateLimit{bcesim.OpGetInstance: {QPS: 0.001, Burst: 1}}})
+	w := startWorld(t, bcesim.Config{RateLimits: map[bcesim.Op]bcesim.RateLimit{bcesim.OpGetInstance: {
+		QPS:   0.001,
+		Burst: 1,
+	}}})
 	c := newSDK(t, w.url, testAK, testSK)
 	if _, err := c.bcc.GetInstanceDetail(w.small); err != nil {
 		t.Fatal(err)
@@ -124,7 +142,10 @@ func TestServer_FailAfterMutationWithoutTokenDoubleApplies(t *testing.T) {
 	if err := w.srv.SetFaults(bcesim.Faults{FailAfterMutation: map[bcesim.Op]int{bcesim.OpBatchAddPrivateIP: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := c.eni.BatchAddPrivateIp(&eni.EniBatchPrivateIpArgs{EniId: id, PrivateIpAddressCount: 2})
+	res, err := c.eni.BatchAddPrivateIp(&eni.EniBatchPrivateIpArgs{
+		EniId:                 id,
+		PrivateIpAddressCount: 2,
+	})
 	if err != nil || len(res.PrivateIpAddresses) != 2 {
 		t.Fatalf("batch add: %v %v", res, err)
 	}
@@ -139,7 +160,10 @@ func TestServer_FailAfterMutationWithoutTokenDoubleApplies(t *testing.T) {
 func TestServer_SDKSecondaryCalls(t *testing.T) {
 	w := startWorld(t, bcesim.Config{PageSize: 1})
 	c := newSDK(t, w.url, testAK, testSK)
-	if _, err := w.srv.AddSecurityGroup(bcesim.SecurityGroupSpec{ID: "g-second", VPCID: testVPC}); err != nil {
+	if _, err := w.srv.AddSecurityGroup(bcesim.SecurityGroupSpec{
+		ID:    "g-second",
+		VPCID: testVPC,
+	}); err != nil {
 		t.Fatal(err)
 	}
 	sgs, err := c.bcc.ListSecurityGroup(&api.ListSecurityGroupArgs{InstanceId: w.small})
@@ -153,7 +177,10 @@ func TestServer_SDKSecondaryCalls(t *testing.T) {
 
 	id := createENI(t, c, w, "n")
 	inst := w.small
-	if err := c.eni.AttachEniInstance(&eni.EniInstance{EniId: id, InstanceId: &inst}); err != nil {
+	if err := c.eni.AttachEniInstance(&eni.EniInstance{
+		EniId:      id,
+		InstanceId: &inst,
+	}); err != nil {
 		t.Fatal(err)
 	}
 	q, err := c.eni.GetEniQuota(&eni.EniQuoteArgs{InstanceId: w.small})
@@ -168,7 +195,11 @@ func TestServer_SDKSecondaryCalls(t *testing.T) {
 	if err != nil || (st.Status != "attaching" && st.Status != "inuse") {
 		t.Fatalf("status: %+v %v", st, err)
 	}
-	res, err := c.eni.BatchAddPrivateIpCrossSubnet(&eni.EniBatchAddPrivateIpCrossSubnetArgs{EniId: id, SubnetId: w.subnet2, PrivateIpAddressCount: 2})
+	res, err := c.eni.BatchAddPrivateIpCrossSubnet(&eni.EniBatchAddPrivateIpCrossSubnetArgs{
+		EniId:                 id,
+		SubnetId:              w.subnet2,
+		PrivateIpAddressCount: 2,
+	})
 	if err != nil || len(res.PrivateIpAddresses) != 2 {
 		t.Fatalf("cross-subnet add: %+v %v", res, err)
 	}
@@ -177,7 +208,10 @@ func TestServer_SDKSecondaryCalls(t *testing.T) {
 		t.Fatalf("subnet2 availableIp %d, want 11", sn2.Subnet.AvailableIp)
 	}
 	res, err = c.eni.BatchAddPrivateIpCrossSubnet(&eni.EniBatchAddPrivateIpCrossSubnetArgs{EniId: id,
-		PrivateIps: []eni.PrivateIpArgs{{PrivateIpAddress: "10.0.1.9", SubnetId: w.subnet2}}})
+		PrivateIps: []eni.PrivateIpArgs{{
+			PrivateIpAddress: "10.0.1.9",
+			SubnetId:         w.subnet2,
+		}}})
 	if err != nil || len(res.PrivateIpAddresses) != 1 || res.PrivateIpAddresses[0] != "10.0.1.9" {
 		t.Fatalf("explicit cross-subnet add: %+v %v", res, err)
 	}

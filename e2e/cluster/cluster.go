@@ -97,7 +97,10 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, fmt.Errorf("control-plane binary %s is missing (run `make tools`): %w", bin, err)
 		}
 	}
-	c := &Cluster{Dir: opts.Dir, binDir: opts.BinDir}
+	c := &Cluster{
+		Dir:    opts.Dir,
+		binDir: opts.BinDir,
+	}
 	if c.Dir == "" {
 		removeAbandonedDirs()
 		dir, err := os.MkdirTemp("", tempDirPrefix)
@@ -234,7 +237,10 @@ func writeTokens(path string) (admin, replica string, err error) {
 // API server at start-up; until it exists, probe without verification
 // (readiness only).
 func apiServerReady(host, token string) func() bool {
-	probe := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: insecureTLS()}}
+	probe := &http.Client{
+		Timeout:   2 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: insecureTLS()},
+	}
 	return func() bool {
 		req, _ := http.NewRequest(http.MethodGet, host+"/readyz", nil)
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -455,8 +461,14 @@ func writeServiceAccountKeys(dir string) (keyPath, pubPath string, err error) {
 		return "", "", err
 	}
 	keyPath, pubPath = filepath.Join(dir, "sa.key"), filepath.Join(dir, "sa.pub")
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})
-	pubPEM := pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})
+	keyPEM := pem.EncodeToMemory(&pem.Block{
+		Type:  "RSA PRIVATE KEY",
+		Bytes: x509.MarshalPKCS1PrivateKey(key),
+	})
+	pubPEM := pem.EncodeToMemory(&pem.Block{
+		Type:  "PUBLIC KEY",
+		Bytes: pub,
+	})
 	if err := os.WriteFile(keyPath, keyPEM, 0o600); err != nil {
 		return "", "", err
 	}
@@ -485,9 +497,15 @@ func extractCA(bundle, out string) (string, error) {
 
 func writeKubeconfig(path string, cfg *rest.Config) error {
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters["local"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthority: cfg.CAFile}
+	kc.Clusters["local"] = &clientcmdapi.Cluster{
+		Server:               cfg.Host,
+		CertificateAuthority: cfg.CAFile,
+	}
 	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
-	kc.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "admin"}
+	kc.Contexts["local"] = &clientcmdapi.Context{
+		Cluster:  "local",
+		AuthInfo: "admin",
+	}
 	kc.CurrentContext = "local"
 	return clientcmd.WriteToFile(*kc, path)
 }

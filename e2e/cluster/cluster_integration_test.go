@@ -48,7 +48,10 @@ func runOrphanProbe() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	_ = json.NewEncoder(os.Stdout).Encode(probeReport{PIDs: c.PIDs(), Dir: c.Dir})
+	_ = json.NewEncoder(os.Stdout).Encode(probeReport{
+		PIDs: c.PIDs(),
+		Dir:  c.Dir,
+	})
 	select {} // wait for SIGKILL; Close is deliberately never called
 }
 
@@ -116,7 +119,11 @@ func TestCluster_CRDRoundTrip(t *testing.T) {
 		t.Fatalf("CRD never became Established: %v", err)
 	}
 
-	gvr := schema.GroupVersionResource{Group: "roundtrip.test.cce.io", Version: "v1alpha1", Resource: "widgets"}
+	gvr := schema.GroupVersionResource{
+		Group:    "roundtrip.test.cce.io",
+		Version:  "v1alpha1",
+		Resource: "widgets",
+	}
 	dyn := dynamic.NewForConfigOrDie(shared.Config)
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "roundtrip.test.cce.io/v1alpha1",
@@ -174,7 +181,10 @@ func TestCluster_ControllerManagerRunsStatefulSets(t *testing.T) {
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "pause"}}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{
+					Name:  "c",
+					Image: "pause",
+				}}},
 			},
 		},
 	}

@@ -131,7 +131,10 @@ func (c *Cluster) waitFencingEnforced(ctx context.Context, namespace string,
 	bindings []admissionv1.ValidatingAdmissionPolicyBinding) error {
 	probe := versioned.NewForConfigOrDie(c.ReplicaConfig).CceV1alpha1().WorkloadEndpoints(namespace)
 	w := &cce.WorkloadEndpoint{
-		ObjectMeta: metav1.ObjectMeta{Name: "fencing-policy-probe", Namespace: namespace},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      "fencing-policy-probe",
+			Namespace: namespace,
+		},
 		Spec: cce.WorkloadEndpointSpec{
 			ContainerID: "probe",
 			IP:          "127.0.0.1",

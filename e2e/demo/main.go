@@ -100,7 +100,8 @@ func run(ctx context.Context, o options) error {
 	if o.removeDir {
 		defer os.RemoveAll(dir)
 	}
-	step("starting etcd, kube-apiserver, kube-controller-manager (built by make tools), bce-sim, %d cce-ipam replicas, and %d simulated BCC nodes", o.replicas, o.nodes)
+	step("starting etcd, kube-apiserver, kube-controller-manager (built by make tools), bce-sim, "+
+		"%d cce-ipam replicas, and %d simulated BCC nodes", o.replicas, o.nodes)
 	f, err := fleet.New(setupCtx, fleet.Options{BinDir: binDir, Dir: dir, KeepDir: true, Name: "demo",
 		Replicas: o.replicas, Nodes: o.nodes, AttachDelay: 500 * time.Millisecond})
 	if err != nil {
@@ -136,7 +137,8 @@ func run(ctx context.Context, o options) error {
 
 func checks(ctx context.Context, f *fleet.Fleet, o options, step func(string, ...any)) error {
 	kube, cs := f.Kube, f.CCE
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	namespace := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, namespace, metav1.CreateOptions{}); err != nil {
 		return err
 	}
 	first := max(o.pods/2, 1)
@@ -185,7 +187,10 @@ func checks(ctx context.Context, f *fleet.Fleet, o options, step func(string, ..
 	}
 	step("the %d removed pods' IPs were released (CNI DEL) in %.1fs", first-scaled, time.Since(t1).Seconds())
 
-	checker, err := f.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 10 * time.Second})
+	checker, err := f.Checker(invariants.Config{
+		Namespaces:  []string{ns},
+		OrphanGrace: 10 * time.Second,
+	})
 	if err != nil {
 		return err
 	}
@@ -391,12 +396,21 @@ func ms(sec float64) string {
 }
 
 func createWorkloads(ctx context.Context, kube kubernetes.Interface, replicas int) error {
-	pause := corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10"}}, TerminationGracePeriodSeconds: ptr.To[int64](0)}
+	pause := corev1.PodSpec{
+		Containers: []corev1.Container{{
+			Name:  "app",
+			Image: "registry.k8s.io/pause:3.10",
+		}},
+		TerminationGracePeriodSeconds: ptr.To[int64](0),
+	}
 	web := map[string]string{"app": "web"}
 	_, err := kube.AppsV1().Deployments(ns).Create(ctx, &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},
 		Spec: appsv1.DeploymentSpec{Replicas: ptr.To(int32(replicas)), Selector: &metav1.LabelSelector{MatchLabels: web},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: web}, Spec: pause}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: web},
+				Spec:       pause,
+			}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		return err

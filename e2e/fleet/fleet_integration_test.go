@@ -25,7 +25,10 @@ import (
 func TestFleet_OwnControlPlane_SurvivesKillAndAPIServerRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	f := fleet.Start(t, fleet.Options{Name: "ft", Nodes: 2})
+	f := fleet.Start(t, fleet.Options{
+		Name:  "ft",
+		Nodes: 2,
+	})
 	if f.Cluster == nil || len(f.Nodes()) != 2 || len(f.CNIAddrs()) != 1 {
 		t.Fatalf("fleet: cluster %v, nodes %v, CNI %v", f.Cluster != nil, f.Nodes(), f.CNIAddrs())
 	}
@@ -86,7 +89,10 @@ func TestFleet_OwnControlPlane_SurvivesKillAndAPIServerRestart(t *testing.T) {
 	if err := f.SetFaults(ctx, bcesim.Faults{}); err != nil {
 		t.Fatal(err)
 	}
-	chk, err := f.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 20 * time.Second})
+	chk, err := f.Checker(invariants.Config{
+		Namespaces:  []string{ns},
+		OrphanGrace: 20 * time.Second,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +108,8 @@ func TestFleet_OwnControlPlane_SurvivesKillAndAPIServerRestart(t *testing.T) {
 
 func createNamespace(ctx context.Context, t *testing.T, kube kubernetes.Interface) string {
 	t.Helper()
-	ns, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "fleet-"}}, metav1.CreateOptions{})
+	ns, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "fleet-"}},
+		metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +122,10 @@ func createPods(ctx context.Context, t *testing.T, kube kubernetes.Interface, ns
 		zero := int64(0)
 		_, err := kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", prefix, i)},
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "pause"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{
+				Name:  "c",
+				Image: "pause",
+			}},
 				TerminationGracePeriodSeconds: &zero},
 		}, metav1.CreateOptions{})
 		if err != nil {
@@ -185,7 +195,12 @@ func waitMembers(ctx context.Context, t *testing.T, f *fleet.Fleet, want map[int
 func TestFleet_NetNS_PartitionAndHeal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	f := fleet.Start(t, fleet.Options{Name: "nsp", Replicas: 3, Nodes: 4, NetNS: true})
+	f := fleet.Start(t, fleet.Options{
+		Name:     "nsp",
+		Replicas: 3,
+		Nodes:    4,
+		NetNS:    true,
+	})
 	r0 := f.Replica(0)
 	t.Logf("replica 0 runs in %s at %s", r0.NetNS(), r0.GRPCAddr())
 	if r0.NetNS() == "" || strings.HasPrefix(r0.GRPCAddr(), "127.") {
@@ -217,7 +232,10 @@ func TestFleet_NetNS_PartitionAndHeal(t *testing.T) {
 	start = time.Now()
 	waitMembers(ctx, t, f, map[int]float64{0: 3, 1: 3, 2: 3})
 	t.Logf("ring healed after %s", time.Since(start).Round(time.Millisecond))
-	chk, err := f.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 20 * time.Second})
+	chk, err := f.Checker(invariants.Config{
+		Namespaces:  []string{ns},
+		OrphanGrace: 20 * time.Second,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

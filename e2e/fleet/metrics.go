@@ -160,7 +160,11 @@ func appendMetric(out Samples, name string, m *dto.Metric) Samples {
 		for i := 0; i+1 < len(extra); i += 2 {
 			ls[extra[i]] = extra[i+1]
 		}
-		return Sample{Name: name, Labels: ls, Value: value}
+		return Sample{
+			Name:   name,
+			Labels: ls,
+			Value:  value,
+		}
 	}
 	switch {
 	case m.Histogram != nil:

@@ -84,7 +84,11 @@ func (f *Fleet) setupNetNS(apiHostPort, simHostPort string) error {
 	}
 	removeAbandonedNetNS()
 	pid := os.Getpid()
-	n := &netnsNet{id: strconv.Itoa(pid), spaces: map[int]bool{}, partitioned: map[int]map[int]bool{}}
+	n := &netnsNet{
+		id:          strconv.Itoa(pid),
+		spaces:      map[int]bool{},
+		partitioned: map[int]map[int]bool{},
+	}
 	n.bridge = "ce" + n.id + "b"
 	f.netns = n
 	// A /24 no interface of this host uses yet.

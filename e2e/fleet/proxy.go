@@ -23,7 +23,11 @@ func newTCPProxy(listen, target string) (*tcpProxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &tcpProxy{lis: lis, target: target, conns: map[net.Conn]bool{}}
+	p := &tcpProxy{
+		lis:    lis,
+		target: target,
+		conns:  map[net.Conn]bool{},
+	}
 	p.wg.Go(p.serve)
 	return p, nil
 }

@@ -42,7 +42,10 @@ type Replica struct {
 // calls over the new replica too.
 func (f *Fleet) AddReplica(ctx context.Context) (*Replica, error) {
 	f.mu.Lock()
-	r := &Replica{f: f, index: f.nextIndex}
+	r := &Replica{
+		f:     f,
+		index: f.nextIndex,
+	}
 	f.nextIndex++
 	f.mu.Unlock()
 	r.logPath = filepath.Join(f.Dir, fmt.Sprintf("replica-%d.log", r.index))

@@ -102,7 +102,12 @@ func (f *Fleet) SimRateLimits(ctx context.Context) (map[bcesim.Op]bcesim.RateLim
 // AddSubnet creates one more subnet in the fleet's VPC and zone.
 func (f *Fleet) AddSubnet(ctx context.Context, id, cidr string) error {
 	return f.simAdmin(ctx, http.MethodPost, "/admin/subnets",
-		bcesim.SubnetSpec{ID: id, ZoneName: Zone, CIDR: cidr, VPCID: f.VPCID}, nil)
+		bcesim.SubnetSpec{
+			ID:       id,
+			ZoneName: Zone,
+			CIDR:     cidr,
+			VPCID:    f.VPCID,
+		}, nil)
 }
 
 // SimCheck asks bce-sim to verify its world's own invariants.

@@ -90,7 +90,12 @@ func New(cfg Config, kube kubernetes.Interface, cce cceclient.Interface, cloud C
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Checker{kube: kube, cce: cce, cloud: cloud, rules: newRules(cfg)}, nil
+	return &Checker{
+		kube:  kube,
+		cce:   cce,
+		cloud: cloud,
+		rules: newRules(cfg),
+	}, nil
 }
 
 // Check takes one snapshot (nodes, pods, WorkloadEndpoints, then the cloud's
@@ -289,7 +294,10 @@ func (c *Checker) WaitClean(ctx context.Context, interval time.Duration) (Violat
 		case err == nil:
 			last = vs
 		case ctx.Err() == nil:
-			last = Violations{{Kind: KindCheckFailed, Detail: err.Error()}}
+			last = Violations{{
+				Kind:   KindCheckFailed,
+				Detail: err.Error(),
+			}}
 		}
 		select {
 		case <-ctx.Done():

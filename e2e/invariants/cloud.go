@@ -64,7 +64,12 @@ func (v worldView) ENIs(ctx context.Context) ([]ENI, error) {
 		if !strings.HasPrefix(e.Name, v.prefix) {
 			continue
 		}
-		x := ENI{ID: e.ENIID, Name: e.Name, InstanceID: e.InstanceID, InUse: e.Status == bcesim.StatusInUse}
+		x := ENI{
+			ID:         e.ENIID,
+			Name:       e.Name,
+			InstanceID: e.InstanceID,
+			InUse:      e.Status == bcesim.StatusInUse,
+		}
 		for _, ip := range e.PrivateIPSet {
 			if !ip.Primary {
 				x.IPs = append(x.IPs, ip.PrivateIPAddress)
@@ -94,13 +99,21 @@ type providerView struct {
 }
 
 func (v providerView) ENIs(ctx context.Context) ([]ENI, error) {
-	enis, err := v.p.ListENIs(ctx, cloud.ListENIsOptions{VPCID: v.vpc, NamePrefix: v.prefix})
+	enis, err := v.p.ListENIs(ctx, cloud.ListENIsOptions{
+		VPCID:      v.vpc,
+		NamePrefix: v.prefix,
+	})
 	if err != nil {
 		return nil, err
 	}
 	out := make([]ENI, 0, len(enis))
 	for _, e := range enis {
-		x := ENI{ID: e.ID, Name: e.Name, InstanceID: e.InstanceID, InUse: e.Status == cloud.ENIStatusInUse}
+		x := ENI{
+			ID:         e.ID,
+			Name:       e.Name,
+			InstanceID: e.InstanceID,
+			InUse:      e.Status == cloud.ENIStatusInUse,
+		}
 		for _, ip := range e.PrivateIPs {
 			if !ip.Primary {
 				x.IPs = append(x.IPs, ip.Address)

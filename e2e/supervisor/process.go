@@ -68,7 +68,10 @@ func Start(spec Spec) (*Process, error) {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", spec.Name, err)
 	}
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{
+		Setpgid:   true,
+		Pdeathsig: syscall.SIGKILL,
+	}
 
 	started := make(chan error, 1)
 	go p.run(logFile, stdout, started)

@@ -12,7 +12,12 @@ import (
 
 func TestProcess_FirstLineAndLog(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "echo.log")
-	p, err := Start(Spec{Name: "echo", Bin: "/bin/sh", Args: []string{"-c", "echo addr; echo err >&2; echo more"}, LogPath: log})
+	p, err := Start(Spec{
+		Name:    "echo",
+		Bin:     "/bin/sh",
+		Args:    []string{"-c", "echo addr; echo err >&2; echo more"},
+		LogPath: log,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +72,11 @@ func TestProcess_StopKillsGroupAfterGrace(t *testing.T) {
 }
 
 func TestProcess_SignalStoppedChild(t *testing.T) {
-	p := StartT(t, Spec{Name: "sleep", Bin: "/bin/sleep", Args: []string{"300"}})
+	p := StartT(t, Spec{
+		Name: "sleep",
+		Bin:  "/bin/sleep",
+		Args: []string{"300"},
+	})
 	if err := p.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +100,11 @@ func TestProcess_SignalStoppedChild(t *testing.T) {
 func TestStartT_KillsAtCleanup(t *testing.T) {
 	var p *Process
 	t.Run("inner", func(t *testing.T) {
-		p = StartT(t, Spec{Name: "sleep", Bin: "/bin/sleep", Args: []string{"300"}})
+		p = StartT(t, Spec{
+			Name: "sleep",
+			Bin:  "/bin/sleep",
+			Args: []string{"300"},
+		})
 	})
 	if p.Running() || Alive(p.PID()) {
 		t.Fatal("child still running after its test ended")
@@ -99,11 +112,18 @@ func TestStartT_KillsAtCleanup(t *testing.T) {
 }
 
 func TestStart_Errors(t *testing.T) {
-	if _, err := Start(Spec{Name: "x", Bin: "/bin/true"}); err == nil {
+	if _, err := Start(Spec{
+		Name: "x",
+		Bin:  "/bin/true",
+	}); err == nil {
 		t.Error("Start without a log path succeeded")
 	}
 	log := filepath.Join(t.TempDir(), "missing.log")
-	if _, err := Start(Spec{Name: "x", Bin: "/nonexistent/binary", LogPath: log}); err == nil {
+	if _, err := Start(Spec{
+		Name:    "x",
+		Bin:     "/nonexistent/binary",
+		LogPath: log,
+	}); err == nil {
 		t.Error("Start of a missing binary succeeded")
 	}
 }

@@ -30,8 +30,10 @@ func main() {
 	binDir := flag.String("bin-dir", "bin", "directory with cce-ipam, bce-sim, etcd and kube-apiserver")
 	out := flag.String("out", "", "output directory (default bench/results/<today>)")
 	workDir := flag.String("work-dir", "", "directory for the processes' logs (default: a new temporary directory)")
-	items := flag.String("items", "", "comma-separated items to run: latency, failover, budget, scale (default all; the report then says it is partial)")
-	scales := flag.String("scales", "", "comma-separated node counts for items 3, 4 and 6, overriding the profile's (pods per node stay the profile's)")
+	items := flag.String("items", "",
+		"comma-separated items to run: latency, failover, budget, scale (default all; the report then says it is partial)")
+	scales := flag.String("scales", "",
+		"comma-separated node counts for items 3, 4 and 6, overriding the profile's (pods per node stay the profile's)")
 	coldRepeats := flag.Int("cold-repeats", 0, "cold starts per size and replica count, overriding the profile's (0: the profile's)")
 	flag.Parse()
 	var only []string
@@ -57,7 +59,10 @@ func main() {
 				fmt.Fprintf(os.Stderr, "bench: --scales: %q is not a node count\n", f)
 				os.Exit(2)
 			}
-			p.Scales = append(p.Scales, bench.Scale{Nodes: n, PodsPerNode: per})
+			p.Scales = append(p.Scales, bench.Scale{
+				Nodes:       n,
+				PodsPerNode: per,
+			})
 		}
 	}
 	if *coldRepeats > 0 {

@@ -18,9 +18,9 @@ import (
 // The ring balances partitions; Ring.Balanced moves partitions so that the
 // replicas serve even shares of the nodes. Every replica must balance with
 // the same node counts to agree on the table, and counts taken straight from
-// each replica's node informer would move partitions whenever a node joins
-// (measured: 0.3 partition moves per node added at 1,000 nodes, 0.8 at 300,
-// each a drain and a rebuild of its nodes). So one replica, the first live
+// each replica's node informer would move partitions whenever a node joins,
+// each move a drain and a rebuild of its nodes (DESIGN.md has the numbers).
+// So one replica, the first live
 // member by name, publishes the node count of every partition on the
 // balance Lease, and everyone balances with the published counts. It
 // publishes again only when the replicas' actual shares have drifted past

@@ -30,7 +30,7 @@ func TestRing_BalancedBoundsNodeShares(t *testing.T) {
 		ringMax, balMax, balMin := 0.0, 0.0, math.Inf(1)
 		for s := range 100 {
 			ms := memberSet(s, tc.members)
-			r, err := NewRing(RingConfig{}, ms)
+			r, err := NewRing(DefaultRingConfig(), ms)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,7 +61,7 @@ func TestRing_BalancedBoundsNodeShares(t *testing.T) {
 }
 
 func TestRing_BalancedWithoutNodesIsTheRing(t *testing.T) {
-	r, _ := NewRing(RingConfig{}, names(3))
+	r, _ := NewRing(DefaultRingConfig(), names(3))
 	bt, err := r.Balanced(make([]int, r.cfg.Partitions))
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +79,7 @@ func TestRing_BalancedWithoutNodesIsTheRing(t *testing.T) {
 }
 
 func TestRing_BalancedBadInput(t *testing.T) {
-	r, _ := NewRing(RingConfig{}, names(3))
+	r, _ := NewRing(DefaultRingConfig(), names(3))
 	if _, err := r.Balanced(make([]int, 5)); err == nil {
 		t.Error("accepted 5 counts for 271 partitions")
 	}
@@ -88,7 +88,9 @@ func TestRing_BalancedBadInput(t *testing.T) {
 	if _, err := r.Balanced(neg); err == nil {
 		t.Error("accepted a negative count")
 	}
-	if err := (RingConfig{NodeLoad: 1}).Validate(); err == nil {
+	one := DefaultRingConfig()
+	one.NodeLoad = 1
+	if err := one.Validate(); err == nil {
 		t.Error("accepted node load 1")
 	}
 }
@@ -147,7 +149,7 @@ func TestRebalance_PublishedCountsMoveLittle(t *testing.T) {
 		var liveMoves, pubMoves, publications int
 		const sets = 20
 		for s := range sets {
-			r, _ := NewRing(RingConfig{}, memberSet(s, tc.members))
+			r, _ := NewRing(DefaultRingConfig(), memberSet(s, tc.members))
 			all := nodes(tc.nodes + tc.added)
 			actual := partitionCounts(r.cfg.Partitions, all[:tc.nodes])
 			liveT, _ := r.Balanced(actual)
@@ -311,8 +313,8 @@ func TestRing_BalancedMovesLittleOnLeave(t *testing.T) {
 		for s := range sets {
 			ms := memberSet(s, tc.members)
 			counts := partitionCounts(271, nodes(tc.nodes))
-			before, _ := NewRing(RingConfig{}, ms)
-			after, _ := NewRing(RingConfig{}, ms[1:])
+			before, _ := NewRing(DefaultRingConfig(), ms)
+			after, _ := NewRing(DefaultRingConfig(), ms[1:])
 			bb, _ := before.Balanced(counts)
 			ba, _ := after.Balanced(counts)
 			for p := range counts {

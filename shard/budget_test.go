@@ -35,7 +35,9 @@ func newBudgetEnv(t *testing.T, followDemand bool) *budgetEnv {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC))
 	kube := fake.NewClientset()
 	nodeInf := informers.NewSharedInformerFactory(kube, 0).Core().V1().Nodes().Informer()
-	c, err := New(Config{Namespace: "ns", BudgetFollowDemand: followDemand}, "r0",
+	cfg := DefaultConfig()
+	cfg.Namespace, cfg.BudgetFollowDemand = "ns", followDemand
+	c, err := New(cfg, "r0",
 		Addresses{GRPC: "127.0.0.1:1", HTTP: "127.0.0.1:2"},
 		Deps{Kube: kube, Nodes: noNodes{}, NodeInformer: nodeInf, Clock: clk,
 			Budget: rateRecorder{}, GlobalRate: testGlobalRate, GlobalBurst: testGlobalBurst}, nil, nil)

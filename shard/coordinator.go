@@ -130,7 +130,6 @@ type RateSetter interface {
 
 // New builds a Coordinator for member self. It starts nothing; Run does.
 func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*Coordinator, error) {
-	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -38,7 +38,9 @@ func newTestCoordinatorWith(t *testing.T, configure func(*Config)) (*Coordinator
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC))
 	kube := fake.NewClientset()
 	nodeInf := informers.NewSharedInformerFactory(kube, 0).Core().V1().Nodes().Informer()
-	cfg := Config{Namespace: "ns"}
+	cfg := DefaultConfig()
+	cfg.Namespace = "ns"
+	cfg.ColdStartSettle = 0 // the tests that want the hold ask for it
 	configure(&cfg)
 	c, err := New(cfg, "r0", Addresses{GRPC: "127.0.0.1:1", HTTP: "127.0.0.1:2"},
 		Deps{Kube: kube, Nodes: noNodes{}, NodeInformer: nodeInf, Clock: clk}, nil, nil)

@@ -142,7 +142,8 @@ func (c *Coordinator) checkPolicy(ctx context.Context) {
 		}
 		switch {
 		case apierrors.IsNotFound(err):
-			detail = fmt.Sprintf("fencing policy %s or one of its bindings is missing: the API server does not refuse wep writes of a replica that lost its partition", name)
+			detail = fmt.Sprintf("fencing policy %s or one of its bindings is missing: "+
+				"the API server does not refuse wep writes of a replica that lost its partition", name)
 		case err != nil:
 			c.log.Warn("could not read the fencing policy; keeping the last answer", "policy", name, "err", err)
 			return

@@ -71,7 +71,8 @@ func checkMemberName(m string) error {
 // none), lets edit change its annotations, and writes it back by
 // compare-and-swap on the version read. A write that lost a race fails with
 // the API's Conflict or AlreadyExists, for the caller to retry or drop.
-func casAnnotations(ctx context.Context, client coordclient.LeaseInterface, name, kind string, edit func(annotations map[string]string)) error {
+func casAnnotations(ctx context.Context, client coordclient.LeaseInterface, name, kind string,
+	edit func(annotations map[string]string)) error {
 	l, err := client.Get(ctx, name, metav1.GetOptions{})
 	create := apierrors.IsNotFound(err)
 	if err != nil && !create {

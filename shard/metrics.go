@@ -27,7 +27,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		budget: newBudgetMetrics(reg),
 		policyPresent: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_fencing_policy_present",
-			Help: "1 when the fencing ValidatingAdmissionPolicy and its binding exist (the API server refuses wep writes under a stale claim), else 0.",
+			Help: "1 when the fencing ValidatingAdmissionPolicy and its binding exist " +
+				"(the API server refuses wep writes under a stale claim), else 0.",
 		}),
 		fenceCatchUp: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "cce_ipam_shard_fence_catchup_seconds",
@@ -48,14 +49,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		handovers: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_shard_handovers_total",
-			Help: "Partition hand-overs by reason: free (claimed after a release or first start), takeover (of an expired replica), reclaim, released (drained and given up), fenced (stopped because the lease was at risk or the claim was lost).",
+			Help: "Partition hand-overs by reason: free (claimed after a release or first start), " +
+				"takeover (of an expired replica), reclaim, released (drained and given up), " +
+				"fenced (stopped because the lease was at risk or the claim was lost).",
 		}, []string{"reason"}),
 		handoverDuration: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "cce_ipam_shard_handover_duration_seconds", Help: "From the ring giving this replica a partition until its nodes are served.",
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 12),
 		}),
 		balancePublished: f.NewCounter(prometheus.CounterOpts{
-			Name: "cce_ipam_shard_balance_published_total", Help: "Times this replica published the partitions' node counts (the ring's node balance moved).",
+			Name: "cce_ipam_shard_balance_published_total",
+			Help: "Times this replica published the partitions' node counts (the ring's node balance moved).",
 		}),
 		renewFailures: f.NewCounter(prometheus.CounterOpts{
 			Name: "cce_ipam_shard_lease_renew_failures_total", Help: "Failed renewals of this replica's Lease.",
@@ -98,7 +102,8 @@ func newRouterMetrics(reg prometheus.Registerer) routerMetrics {
 			Name: "cce_ipam_shard_forwarded_requests_total", Help: "CNI calls forwarded to the owning replica, by result (ok, error, not_owner).",
 		}, []string{"result"}),
 		ownerWaits: f.NewCounterVec(prometheus.CounterOpts{
-			Name: "cce_ipam_shard_owner_waits_total", Help: "CNI calls that had to wait for their node to get an owner, by outcome (served, timeout).",
+			Name: "cce_ipam_shard_owner_waits_total",
+			Help: "CNI calls that had to wait for their node to get an owner, by outcome (served, timeout).",
 		}, []string{"outcome"}),
 		forwardRejected: f.NewCounter(prometheus.CounterOpts{
 			Name: "cce_ipam_shard_forward_rejected_total", Help: "Forwarded calls rejected because their authentication failed.",

@@ -31,6 +31,13 @@ const (
 	simPartitions    = 31
 )
 
+// simRing is the default ring over simPartitions.
+var simRing = func() RingConfig {
+	c := DefaultRingConfig()
+	c.Partitions = simPartitions
+	return c
+}()
+
 type simClaim struct {
 	holder  string
 	version int
@@ -319,7 +326,7 @@ func (s *sim) owners(members []string) []string {
 	if o, ok := s.rings[key]; ok {
 		return o
 	}
-	ring, err := NewRing(RingConfig{Partitions: simPartitions, ReplicationFactor: 200, Load: 1.05, NodeLoad: 1.05}, members)
+	ring, err := NewRing(simRing, members)
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -9,55 +9,51 @@ import (
 
 	"github.com/buraksezer/consistent"
 	"github.com/cespare/xxhash/v2"
+	"github.com/spf13/pflag"
 )
 
-// RingConfig shapes the consistent-hash ring. The zero value uses the
-// defaults; every replica of a cluster must use the same values.
+// RingConfig shapes the consistent-hash ring. Every replica of a cluster
+// must use the same values. RegisterFlags sets the defaults; DefaultRingConfig
+// returns them.
 type RingConfig struct {
 	// Partitions is the number of partitions nodes hash into; a prime
-	// spreads keys evenly. Defaults to 271. Changing it moves most nodes.
+	// spreads keys evenly. Default 271 (--shard-partitions). Changing it
+	// moves most nodes.
 	Partitions int
 	// ReplicationFactor is the number of virtual points per member.
-	// Defaults to 200.
+	// Default 200; not a flag.
 	ReplicationFactor int
 	// Load bounds a member's share at Load × the average (bounded-load
-	// consistent hashing). Defaults to 1.05; must be above 1.
+	// consistent hashing); must be above 1. Default 1.05; not a flag.
 	Load float64
 	// NodeLoad bounds a member's share of the nodes (see Ring.Balanced) at
-	// NodeLoad × the mean, and from below at the mean / NodeLoad. Defaults
-	// to 1.05; must be above 1.
+	// NodeLoad × the mean, and from below at the mean / NodeLoad; must be
+	// above 1. Default 1.05; not a flag.
 	NodeLoad float64
 }
 
-func (c RingConfig) withDefaults() RingConfig {
-	if c.Partitions == 0 {
-		c.Partitions = 271
-	}
-	// A tight bound and many virtual points keep the replicas' shares even:
-	// the busiest replica serves the most nodes and, with an equal split of
-	// the BCE budget, has the least budget per node. Over random member names
-	// the largest of 3 shares of 1,000 nodes averages 1.07× the mean (worst
-	// 1.16×) with these values, 1.16× (worst 1.36×) with 40 points and 1.25
-	// (TestRing_DefaultsBalanceNodes). The price, partitions of surviving
-	// members moved by a join or leave, measured over 200 random member sets
-	// at the time of the change: 0.7–1.1 % with 3 members, up to 2.7 % with 10
-	// (was 0.1–1.2 %).
-	if c.ReplicationFactor == 0 {
-		c.ReplicationFactor = 200
-	}
-	if c.Load == 0 {
-		c.Load = 1.05
-	}
-	if c.NodeLoad == 0 {
-		c.NodeLoad = 1.05
-	}
+// RegisterFlags binds Partitions to --shard-partitions and sets the other
+// fields, which are not flags, to their defaults. A tight bound and many
+// virtual points keep the replicas' shares of nodes even, at the price of a
+// few more partitions moved by a join or a leave (DESIGN.md, "Ring
+// parameters").
+func (c *RingConfig) RegisterFlags(fs *pflag.FlagSet) {
+	fs.IntVar(&c.Partitions, "shard-partitions", 271, "partitions the nodes hash into (a prime; the same on every replica)")
+	c.ReplicationFactor = 200
+	c.Load = 1.05
+	c.NodeLoad = 1.05
+}
+
+// DefaultRingConfig is the ring of a cce-ipam started without flags.
+func DefaultRingConfig() RingConfig {
+	var c RingConfig
+	c.RegisterFlags(pflag.NewFlagSet("ring", pflag.ContinueOnError))
 	return c
 }
 
 // Validate reports a configuration the ring cannot use. consistent panics on
 // some of them; we refuse them first.
 func (c RingConfig) Validate() error {
-	c = c.withDefaults()
 	switch {
 	case c.Partitions < 1 || !big.NewInt(int64(c.Partitions)).ProbablyPrime(20):
 		return fmt.Errorf("ring: partition count %d must be a prime", c.Partitions)
@@ -99,7 +95,6 @@ func NewRing(cfg RingConfig, members []string) (*Ring, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
 	if len(members) == 0 {
 		return nil, ErrNoMembers
 	}

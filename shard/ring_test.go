@@ -32,14 +32,14 @@ func TestRing_SameMembersAnyOrderSameTable(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, seed))
 	members := names(7)
-	want, err := NewRing(RingConfig{}, members)
+	want, err := NewRing(DefaultRingConfig(), members)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range 50 {
 		perm := slices.Clone(members)
 		rng.Shuffle(len(perm), func(i, j int) { perm[i], perm[j] = perm[j], perm[i] })
-		got, err := NewRing(RingConfig{}, perm)
+		got, err := NewRing(DefaultRingConfig(), perm)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,7 +51,7 @@ func TestRing_SameMembersAnyOrderSameTable(t *testing.T) {
 
 func TestRing_BoundedLoad(t *testing.T) {
 	for _, n := range []int{1, 2, 3, 5, 10} {
-		r, err := NewRing(RingConfig{}, names(n))
+		r, err := NewRing(DefaultRingConfig(), names(n))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -77,8 +77,8 @@ func TestRing_BoundedLoad(t *testing.T) {
 // the point of consistent hashing over `fnv % replicas`.
 func TestRing_RemovingAMemberMovesLittle(t *testing.T) {
 	members := names(5)
-	before, _ := NewRing(RingConfig{}, members)
-	after, _ := NewRing(RingConfig{}, members[1:])
+	before, _ := NewRing(DefaultRingConfig(), members)
+	after, _ := NewRing(DefaultRingConfig(), members[1:])
 	moves, err := Diff(before.Table(), after.Table())
 	if err != nil {
 		t.Fatal(err)
@@ -105,8 +105,8 @@ func TestRing_RemovingAMemberMovesLittle(t *testing.T) {
 }
 
 func TestRing_PartitionIndependentOfMembers(t *testing.T) {
-	a, _ := NewRing(RingConfig{}, names(2))
-	b, _ := NewRing(RingConfig{}, names(9))
+	a, _ := NewRing(DefaultRingConfig(), names(2))
+	b, _ := NewRing(DefaultRingConfig(), names(9))
 	for _, n := range nodes(500) {
 		if a.Partition(n) != b.Partition(n) {
 			t.Fatalf("node %s: partition %d with 2 members, %d with 9", n, a.Partition(n), b.Partition(n))
@@ -117,7 +117,7 @@ func TestRing_PartitionIndependentOfMembers(t *testing.T) {
 // The placement must not change silently between versions: replicas of two
 // versions during a rolling update must agree on partitions.
 func TestRing_PartitionGolden(t *testing.T) {
-	r, _ := NewRing(RingConfig{}, names(1))
+	r, _ := NewRing(DefaultRingConfig(), names(1))
 	got := map[string]int{}
 	for _, n := range []string{"10.0.0.1", "node-a", "cce-abc123-node-7"} {
 		got[n] = r.Partition(n)
@@ -135,7 +135,7 @@ func TestRing_PartitionGolden(t *testing.T) {
 }
 
 func TestRing_OwnerSpreadsNodes(t *testing.T) {
-	r, _ := NewRing(RingConfig{}, names(3))
+	r, _ := NewRing(DefaultRingConfig(), names(3))
 	per := map[string]int{}
 	for _, n := range nodes(3000) {
 		per[r.Owner(n)]++
@@ -165,7 +165,7 @@ func TestRing_DefaultsBalanceNodes(t *testing.T) {
 		for k := range ms {
 			ms[k] = fmt.Sprintf("cce-ipam-%d-%08x", k, rng.Uint32())
 		}
-		r, err := NewRing(RingConfig{}, ms)
+		r, err := NewRing(DefaultRingConfig(), ms)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,20 +189,27 @@ func TestRing_DefaultsBalanceNodes(t *testing.T) {
 }
 
 func TestNewRing_BadInput(t *testing.T) {
+	with := func(change func(*RingConfig)) RingConfig {
+		c := DefaultRingConfig()
+		change(&c)
+		return c
+	}
 	cases := []struct {
 		name    string
 		cfg     RingConfig
 		members []string
 		want    string
 	}{
-		{"no members", RingConfig{}, nil, "no members"},
-		{"empty name", RingConfig{}, []string{"a", ""}, "empty member"},
-		{"duplicate", RingConfig{}, []string{"a", "b", "a"}, "twice"},
-		{"not prime", RingConfig{Partitions: 100}, []string{"a"}, "prime"},
-		{"load below 1", RingConfig{Load: 0.5}, []string{"a"}, "above 1"},
+		{"no members", DefaultRingConfig(), nil, "no members"},
+		{"empty name", DefaultRingConfig(), []string{"a", ""}, "empty member"},
+		{"duplicate", DefaultRingConfig(), []string{"a", "b", "a"}, "twice"},
+		{"not prime", with(func(c *RingConfig) { c.Partitions = 100 }), []string{"a"}, "prime"},
+		{"zero partitions", RingConfig{}, []string{"a"}, "prime"},
+		{"load below 1", with(func(c *RingConfig) { c.Load = 0.5 }), []string{"a"}, "above 1"},
 		// consistent.New would panic: 3 × ⌈90 × 1⌉ < 271.
-		{"load exactly 1", RingConfig{Load: 1}, []string{"a", "b", "c"}, "above 1"},
-		{"negative replication", RingConfig{ReplicationFactor: -1}, []string{"a"}, "replication"},
+		{"load exactly 1", with(func(c *RingConfig) { c.Load = 1 }), []string{"a", "b", "c"}, "above 1"},
+		{"negative replication", with(func(c *RingConfig) { c.ReplicationFactor = -1 }), []string{"a"}, "replication"},
+		{"zero replication", with(func(c *RingConfig) { c.ReplicationFactor = 0 }), []string{"a"}, "replication"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -32,7 +32,8 @@ type writtenClaim struct {
 
 // readLeases sorts the coordination Leases: the partition claims, the
 // replica Leases by member, the budget Lease and the balance Lease.
-func (c *Coordinator) readLeases(leases []*coordv1.Lease) (claims []Claim, present map[string]*coordv1.Lease, budgetLease, balanceLease *coordv1.Lease) {
+func (c *Coordinator) readLeases(leases []*coordv1.Lease) (
+	claims []Claim, present map[string]*coordv1.Lease, budgetLease, balanceLease *coordv1.Lease) {
 	claims = make([]Claim, c.cfg.Ring.Partitions)
 	present = map[string]*coordv1.Lease{}
 	for _, l := range leases {

@@ -60,7 +60,11 @@ func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	results = append(results, result{pod: pod, node: node, ip: ip})
+	results = append(results, result{
+		pod:  pod,
+		node: node,
+		ip:   ip,
+	})
 	time.Sleep(2 * time.Second)
 
 	// Arm the failpoint and send the call that will freeze before its Create.
@@ -95,7 +99,7 @@ func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
 
 	// The whole process freezes (its lease lapses); another replica takes
 	// the node over and allocates on it.
-	if err := syscall.Kill(-victim.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+	if err := victim.proc.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stoppedAt := time.Now()
@@ -134,14 +138,18 @@ func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		results = append(results, result{pod: p, node: node, ip: ip})
+		results = append(results, result{
+			pod:  p,
+			node: node,
+			ip:   ip,
+		})
 	}
 
 	// Resume: the frozen Create reaches the API server now.
 	if err := os.Remove(fp); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Kill(-victim.cmd.Process.Pid, syscall.SIGCONT); err != nil {
+	if err := victim.proc.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	var got reply
@@ -151,8 +159,13 @@ func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
 		t.Fatal("the frozen call did not return after SIGCONT")
 	}
 	if got.err == nil {
-		t.Errorf("the API server accepted the wep Create of %s for %s (ip %s) after %s took the node over", victimName, frozenPod, got.ip, newOwner)
-		results = append(results, result{pod: frozenPod, node: node, ip: got.ip})
+		t.Errorf("the API server accepted the wep Create of %s for %s (ip %s) after %s took the node over", victimName,
+			frozenPod, got.ip, newOwner)
+		results = append(results, result{
+			pod:  frozenPod,
+			node: node,
+			ip:   got.ip,
+		})
 	} else {
 		t.Logf("the frozen Create was answered: %v", got.err)
 		if !strings.Contains(got.err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(got.err.Error(), "fenced") {
@@ -164,7 +177,11 @@ func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
 		// kubelet retries the ADD; the new owner serves it.
 		for ctx.Err() == nil {
 			if ip, err := e.allocate(ctx, others[0], frozenPod); err == nil {
-				results = append(results, result{pod: frozenPod, node: node, ip: ip})
+				results = append(results, result{
+					pod:  frozenPod,
+					node: node,
+					ip:   ip,
+				})
 				break
 			}
 			time.Sleep(200 * time.Millisecond)

@@ -46,7 +46,10 @@ func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {
 		Spec: appsv1.StatefulSetSpec{Replicas: ptr.To[int32](1),
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "mv"}},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "mv"}},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "pause"}}}}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{
+					Name:  "c",
+					Image: "pause",
+				}}}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +61,13 @@ func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Name: pod, Annotations: map[string]string{cce.AnnotationStsEnableFixIP: cce.EnableFixIPTrue},
 				OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "StatefulSet", Name: sts.Name,
 					UID: sts.UID, Controller: ptr.To(true)}}},
-			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "pause"}}},
+			Spec: corev1.PodSpec{
+				NodeName: node,
+				Containers: []corev1.Container{{
+					Name:  "c",
+					Image: "pause",
+				}},
+			},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -95,13 +104,21 @@ func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {
 	if err != nil || ip != fixed {
 		t.Fatalf("on %s (%s) got %q, %v; want the fixed %s", nodeB, name1, ip, err, fixed)
 	}
-	e.checkIPs(ctx, []result{{pod: pod, node: nodeB, ip: ip}})
+	e.checkIPs(ctx, []result{{
+		pod:  pod,
+		node: nodeB,
+		ip:   ip,
+	}})
 	remove(r0)
 	place(nodeA)
 	if ip, err = e.allocate(ctx, r1, pod); err != nil || ip != fixed {
 		t.Fatalf("back on %s (%s) got %q, %v; want the fixed %s", nodeA, name0, ip, err, fixed)
 	}
-	results = append(results, result{pod: pod, node: nodeA, ip: ip})
+	results = append(results, result{
+		pod:  pod,
+		node: nodeA,
+		ip:   ip,
+	})
 	// Strangers on the node the pod left never get its address.
 	for range 8 {
 		p, err := e.newPod(ctx, nodeB)
@@ -112,7 +129,11 @@ func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		results = append(results, result{pod: p, node: nodeB, ip: got})
+		results = append(results, result{
+			pod:  p,
+			node: nodeB,
+			ip:   got,
+		})
 	}
 	e.checkIPs(ctx, results)
 	if moves := r0.metric("cce_ipam_shard_forwarded_requests_total", `result="ok"`) +

@@ -3,7 +3,6 @@
 package main_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -28,6 +27,7 @@ import (
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/e2e/cluster"
 	"github.com/cce-ipam/sharded/e2e/freeport"
+	"github.com/cce-ipam/sharded/e2e/supervisor"
 	"github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
@@ -38,33 +38,34 @@ func TestMain(m *testing.M) {
 	os.Exit(cluster.RunTests(m, cluster.Options{}, &cp))
 }
 
-// startProcess runs a binary in its own process group, killed when the test
-// ends, with its output in the test log on failure.
-func startProcess(t *testing.T, bin string, args ...string) (*exec.Cmd, io.Reader) {
+// startProcess runs a binary under e2e/supervisor, killed when the test
+// ends, with its log's tail in the test log on failure.
+func startProcess(t *testing.T, bin string, args ...string) *supervisor.Process {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	logFile, err := os.Create(filepath.Join(t.TempDir(), filepath.Base(bin)+".log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = logFile
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-		if t.Failed() {
-			data, _ := os.ReadFile(logFile.Name())
-			t.Logf("%s log:\n%s", filepath.Base(bin), data)
-		}
+	return supervisor.StartT(t, supervisor.Spec{
+		Name: filepath.Base(bin),
+		Bin:  bin,
+		Args: args,
 	})
-	return cmd, stdout
+}
+
+// firstLine waits for the first line p prints (bce-sim's address).
+func firstLine(t *testing.T, p *supervisor.Process) string {
+	t.Helper()
+	select {
+	case line := <-p.FirstLine():
+		return strings.TrimSpace(line)
+	case <-p.Exited():
+		select {
+		case line := <-p.FirstLine():
+			return strings.TrimSpace(line)
+		default:
+			t.Fatal(p.ExitError())
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("%s printed nothing within a minute", p.Name())
+	}
+	return ""
 }
 
 func buildBinary(t *testing.T, pkg string) string {
@@ -91,26 +92,34 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 	ipamBin := buildBinary(t, "github.com/cce-ipam/sharded/cmd/cce-ipam")
 
 	const ak, sk, vpc = "AKBIN", "SKbinSecret", "vpc-bin"
-	_, simOut := startProcess(t, simBin, "--listen", "127.0.0.1:0", "--credential", ak+":"+sk,
+	sim := startProcess(t, simBin, "--listen", "127.0.0.1:0", "--credential", ak+":"+sk,
 		"--vpc", vpc, "--subnet", "sbn-bin,cn-bj-a,10.2.0.0/22",
 		"--instance", "i-bin-0,sbn-bin,8,64", "--attach-delay", "0s", "--log-level", "warn")
-	line, err := bufio.NewReader(simOut).ReadString('\n')
-	if err != nil {
-		t.Fatalf("read bce-sim address: %v", err)
-	}
-	simAddr := strings.TrimSpace(line)
+	simAddr := firstLine(t, sim)
+	line := simAddr
 	if _, _, err := net.SplitHostPort(strings.TrimPrefix(simAddr, "http://")); err != nil {
 		t.Fatalf("bce-sim printed %q, want its address", line)
 	}
 
 	// The node agent's part: one ENI attached to the instance.
-	client, err := cloud.New(cloud.Config{Endpoint: simAddr, Region: "bj", AccessKeyID: ak, SecretAccessKey: sk, Rate: 1000, Burst: 1000},
+	client, err := cloud.New(cloud.Config{
+		Endpoint:        simAddr,
+		Region:          "bj",
+		AccessKeyID:     ak,
+		SecretAccessKey: sk,
+		Rate:            1000,
+		Burst:           1000,
+	},
 		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	eni, err := client.CreateENI(ctx, cloud.CreateENIRequest{Name: "cce-bin/node-bin", SubnetID: "sbn-bin", SecurityGroupIDs: []string{"g-sim"}})
+	eni, err := client.CreateENI(ctx, cloud.CreateENIRequest{
+		Name:             "cce-bin/node-bin",
+		SubnetID:         "sbn-bin",
+		SecurityGroupIDs: []string{"g-sim"},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,13 +138,19 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 	ns := cp.Namespace(t)
 	if _, err := kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},
-		Spec:       corev1.PodSpec{NodeName: "node-bin", Containers: []corev1.Container{{Name: "c", Image: "pause"}}},
+		Spec: corev1.PodSpec{
+			NodeName: "node-bin",
+			Containers: []corev1.Container{{
+				Name:  "c",
+				Image: "pause",
+			}},
+		},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
 	grpcAddr, metricsAddr := freeport.Addr(t), freeport.Addr(t)
-	ipamCmd, _ := startProcess(t, ipamBin, "--kubeconfig", cp.Kubeconfig, "--cluster-id", "cce-bin", "--vpc-id", vpc,
+	ipamProc := startProcess(t, ipamBin, "--kubeconfig", cp.Kubeconfig, "--cluster-id", "cce-bin", "--vpc-id", vpc,
 		"--bce-endpoint", simAddr, "--bce-region", "bj", "--bce-access-key-id", ak, "--bce-secret-access-key", sk,
 		"--grpc-listen", grpcAddr, "--metrics-listen", metricsAddr, "--pool-check-period", "1s",
 		"--memberlist-bind-addr", "127.0.0.1", "--memberlist-bind-port", "0", "--namespace", ns, "--enable-profiling")
@@ -150,7 +165,11 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 	var reply *rpc.AllocateIPReply
 	deadline := time.Now().Add(time.Minute)
 	for {
-		reply, err = cni.AllocateIP(ctx, &rpc.AllocateIPRequest{K8SPodName: "web", K8SPodNamespace: ns, K8SPodInfraContainerID: "c0ffee"})
+		reply, err = cni.AllocateIP(ctx, &rpc.AllocateIPRequest{
+			K8SPodName:             "web",
+			K8SPodNamespace:        ns,
+			K8SPodInfraContainerID: "c0ffee",
+		})
 		if err == nil && reply.IsSuccess {
 			break
 		}
@@ -190,14 +209,12 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 		t.Errorf("/debug/pprof/heap with --enable-profiling = %.200q, want a heap profile", heap)
 	}
 
-	if err := ipamCmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := ipamProc.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- ipamCmd.Wait() }()
 	select {
-	case err := <-exited:
-		if err != nil {
+	case <-ipamProc.Exited():
+		if err := ipamProc.WaitErr(); err != nil {
 			t.Fatalf("cce-ipam exited with %v after SIGTERM", err)
 		}
 	case <-time.After(20 * time.Second):

@@ -36,6 +36,7 @@ import (
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 	"github.com/cce-ipam/sharded/e2e/freeport"
+	"github.com/cce-ipam/sharded/e2e/supervisor"
 	"github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 	"github.com/cce-ipam/sharded/shard"
@@ -86,13 +87,12 @@ func binaries(t *testing.T) (string, string) {
 
 type replica struct {
 	name       string
-	cmd        *exec.Cmd
+	proc       *supervisor.Process
 	grpc, http string
 	gossipPort int
 	logPath    string
 	conn       *grpc.ClientConn
 	cni        rpc.CNIBackendClient
-	exited     chan struct{}
 }
 
 type shardEnv struct {
@@ -138,14 +138,16 @@ func newShardEnv(t *testing.T, nodes int, extra ...string) *shardEnv {
 	for i := range nodes {
 		args = append(args, "--instance", fmt.Sprintf("i-%s-%d,%s,8,64", e.cluster, i, shardSubnet))
 	}
-	_, out := startProcess(t, simBin, args...)
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("read bce-sim address: %v", err)
+	e.simAddr = firstLine(t, startProcess(t, simBin, args...))
+	cloudCfg := cloud.Config{
+		Endpoint:        e.simAddr,
+		Region:          "bj",
+		AccessKeyID:     shardAK,
+		SecretAccessKey: shardSK,
+		Rate:            1000,
+		Burst:           1000,
 	}
-	e.simAddr = strings.TrimSpace(line)
-	e.cloud, err = cloud.New(cloud.Config{Endpoint: e.simAddr, Region: "bj", AccessKeyID: shardAK, SecretAccessKey: shardSK, Rate: 1000, Burst: 1000},
-		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	e.cloud, err = cloud.New(cloudCfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +164,11 @@ func newShardEnv(t *testing.T, nodes int, extra ...string) *shardEnv {
 	for i := range nodes {
 		name := fmt.Sprintf("%s-node-%d", e.cluster, i)
 		inst := fmt.Sprintf("i-%s-%d", e.cluster, i)
-		eni, err := e.cloud.CreateENI(ctx, cloud.CreateENIRequest{Name: e.cluster + "/" + name, SubnetID: shardSubnet, SecurityGroupIDs: []string{"g-sim"}})
+		eni, err := e.cloud.CreateENI(ctx, cloud.CreateENIRequest{
+			Name:             e.cluster + "/" + name,
+			SubnetID:         shardSubnet,
+			SecurityGroupIDs: []string{"g-sim"},
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,7 +215,7 @@ func (r *replica) exitedInUse() bool {
 	c := http.Client{Timeout: time.Second}
 	for time.Now().Before(deadline) {
 		select {
-		case <-r.exited:
+		case <-r.proc.Exited():
 			data, _ := os.ReadFile(r.logPath)
 			return strings.Contains(string(data), "address already in use")
 		default:
@@ -231,7 +237,6 @@ func (e *shardEnv) startOnce(keyFile string) *replica {
 		grpc:       "127.0.0.1:" + strconv.Itoa(ports[0]),
 		http:       "127.0.0.1:" + strconv.Itoa(ports[1]),
 		gossipPort: ports[2],
-		exited:     make(chan struct{}),
 	}
 	r.name = fmt.Sprintf("r%d", len(e.replicas))
 	args := []string{"--kubeconfig", cp.ReplicaKubeconfig, "--cluster-id", e.cluster, "--vpc-id", shardVPC,
@@ -249,28 +254,23 @@ func (e *shardEnv) startOnce(keyFile string) *replica {
 	}
 	args = append(args, e.extra...)
 	r.logPath = filepath.Join(t.TempDir(), r.name+".log")
-	logFile, err := os.Create(r.logPath)
-	if err != nil {
-		t.Fatal(err)
+	spec := supervisor.Spec{
+		Name:    r.name,
+		Bin:     e.ipamBin,
+		Args:    args,
+		LogPath: r.logPath,
 	}
-	r.cmd = exec.Command(e.ipamBin, args...)
 	if e.envOf != nil {
-		r.cmd.Env = append(os.Environ(), e.envOf(r.name)...)
+		spec.Env = append(os.Environ(), e.envOf(r.name)...)
 	}
-	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	r.cmd.Stdout, r.cmd.Stderr = logFile, logFile
-	if err := r.cmd.Start(); err != nil {
+	var err error
+	if r.proc, err = supervisor.Start(spec); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		_ = r.cmd.Wait()
-		logFile.Close()
-		close(r.exited)
-	}()
 	t.Cleanup(func() {
-		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGCONT)
-		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
-		<-r.exited
+		if err := r.proc.Kill(); err != nil {
+			t.Error(err)
+		}
 		if t.Failed() {
 			data, _ := os.ReadFile(r.logPath)
 			if os.Getenv("CCE_IPAM_TEST_LOGDIR") != "" {
@@ -292,14 +292,7 @@ func (e *shardEnv) startOnce(keyFile string) *replica {
 	return r
 }
 
-func (r *replica) alive() bool {
-	select {
-	case <-r.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (r *replica) alive() bool { return r.proc.Running() }
 
 func (r *replica) status() (shard.Status, error) {
 	var st shard.Status
@@ -393,7 +386,8 @@ func (e *shardEnv) settle(d time.Duration) time.Duration {
 			// (a join is settled only once the hand-overs are done).
 			for _, m := range st.Members {
 				if m.Live && m.HeldPartitions != m.RingPartitions {
-					ok, last = false, fmt.Sprintf("%s: %s holds %d partitions, the ring gives it %d", r.name, m.Name, m.HeldPartitions, m.RingPartitions)
+					ok, last = false, fmt.Sprintf("%s: %s holds %d partitions, the ring gives it %d", r.name, m.Name,
+						m.HeldPartitions, m.RingPartitions)
 				}
 			}
 			if !ok {
@@ -494,7 +488,13 @@ func (e *shardEnv) newPod(ctx context.Context, node string) (string, error) {
 	podSeq.Unlock()
 	_, err := e.kube.CoreV1().Pods(e.ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "pause"}}},
+		Spec: corev1.PodSpec{
+			NodeName: node,
+			Containers: []corev1.Container{{
+				Name:  "c",
+				Image: "pause",
+			}},
+		},
 	}, metav1.CreateOptions{})
 	return name, err
 }
@@ -620,7 +620,12 @@ func TestSharding_SpreadAndForward(t *testing.T) {
 			if err != nil {
 				t.Fatalf("allocate %s on %s via %s: %v", pod, node, r.name, err)
 			}
-			results = append(results, result{pod: pod, node: node, ip: ip, via: r.name})
+			results = append(results, result{
+				pod:  pod,
+				node: node,
+				ip:   ip,
+				via:  r.name,
+			})
 			_ = i + j
 		}
 	}
@@ -701,7 +706,8 @@ func TestSharding_ForgedForwardAndWrongKey(t *testing.T) {
 	}
 
 	other := filepath.Join(t.TempDir(), "other.key")
-	if err := os.WriteFile(other, []byte(base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))), 0o600); err != nil {
+	if err := os.WriteFile(other, []byte(base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))),
+		0o600); err != nil {
 		t.Fatal(err)
 	}
 	intruder := e.start(other)
@@ -742,7 +748,11 @@ func (e *shardEnv) stream(ctx context.Context, workers int, targets func() []*re
 					cancel()
 					continue
 				}
-				res := result{pod: pod, node: node, start: time.Now()}
+				res := result{
+					pod:   pod,
+					node:  node,
+					start: time.Now(),
+				}
 				for pctx.Err() == nil {
 					ts := targets()
 					r := ts[rnd.IntN(len(ts))]
@@ -827,10 +837,10 @@ func TestSharding_KillFailover(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	mu.Lock()
 	killedAt = time.Now()
-	if err := syscall.Kill(-victim.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+	if err := victim.proc.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-victim.exited
+	<-victim.proc.Exited()
 	mu.Unlock()
 	t.Logf("killed %s (%d of 24 nodes) at %s", victimName, len(victimNodes), killedAt.Format(time.StampMilli))
 	time.Sleep(25 * time.Second)
@@ -868,7 +878,8 @@ func TestSharding_KillFailover(t *testing.T) {
 		recovered++
 		worst = max(worst, first.Sub(killedAt))
 	}
-	t.Logf("FAILOVER: %d/%d of the killed replica's nodes allocated again; the last %.1fs after SIGKILL (lease duration 6s); %d pods allocated, %d lost",
+	t.Logf("FAILOVER: %d/%d of the killed replica's nodes allocated again; the last %.1fs after SIGKILL (lease duration 6s); "+
+		"%d pods allocated, %d lost",
 		recovered, len(victimNodes), worst.Seconds(), len(res), lost)
 	if worst > 10*time.Second {
 		t.Logf("failover %.1fs is above the 10s target", worst.Seconds())
@@ -877,7 +888,8 @@ func TestSharding_KillFailover(t *testing.T) {
 		for _, r := range e.replicas {
 			data, _ := os.ReadFile(r.logPath)
 			for _, l := range strings.Split(string(data), "\n") {
-				if strings.Contains(l, "served nodes") || strings.Contains(l, "ring members") || strings.Contains(l, "serving node failed") {
+				if strings.Contains(l, "served nodes") || strings.Contains(l, "ring members") || strings.Contains(l,
+					"serving node failed") {
 					t.Logf("%s: %s", r.name, l)
 				}
 			}
@@ -919,12 +931,16 @@ func TestSharding_PausedReplicaIsFenced(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		results = append(results, result{pod: pod, node: n, ip: ip})
+		results = append(results, result{
+			pod:  pod,
+			node: n,
+			ip:   ip,
+		})
 	}
 	time.Sleep(2 * time.Second) // pools refill to IdleMin
 	localBefore := victim.metric("cce_ipam_allocations_total", `result="ok"`)
 
-	if err := syscall.Kill(-victim.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+	if err := victim.proc.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stoppedAt := time.Now()
@@ -948,7 +964,12 @@ func TestSharding_PausedReplicaIsFenced(t *testing.T) {
 				ip, err := e.allocate(cctx, victim, pod)
 				qmu.Lock()
 				defer qmu.Unlock()
-				queued = append(queued, result{pod: pod, node: n, ip: ip, via: victim.name})
+				queued = append(queued, result{
+					pod:  pod,
+					node: n,
+					ip:   ip,
+					via:  victim.name,
+				})
 				if err != nil {
 					t.Logf("queued call for %s failed (retryable is fine): %v", pod, err)
 				}
@@ -969,20 +990,25 @@ func TestSharding_PausedReplicaIsFenced(t *testing.T) {
 				}
 				time.Sleep(200 * time.Millisecond)
 			}
-			results = append(results, result{pod: pod, node: n, ip: ip})
+			results = append(results, result{
+				pod:  pod,
+				node: n,
+				ip:   ip,
+			})
 		}
 	}
 	if d := time.Since(stoppedAt); d < 10*time.Second {
 		time.Sleep(10*time.Second - d) // stay paused well past the lease
 	}
 	pausedFor := time.Since(stoppedAt)
-	if err := syscall.Kill(-victim.cmd.Process.Pid, syscall.SIGCONT); err != nil {
+	if err := victim.proc.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	qwg.Wait()
 	localAfter := victim.metric("cce_ipam_allocations_total", `result="ok"`)
 	fenced := victim.metric("cce_ipam_shard_handovers_total", `reason="fenced"`)
-	t.Logf("paused %s for %.1fs; its local allocations %v → %v; fenced partitions %v", victimName, pausedFor.Seconds(), localBefore, localAfter, fenced)
+	t.Logf("paused %s for %.1fs; its local allocations %v → %v; fenced partitions %v", victimName, pausedFor.Seconds(),
+		localBefore, localAfter, fenced)
 	if fenced < 1 {
 		t.Errorf("the resumed replica fenced no partition")
 	}
@@ -1045,7 +1071,12 @@ func TestSharding_JoinLeaveGraceful(t *testing.T) {
 				if err != nil {
 					failures = append(failures, fmt.Sprintf("%s via %s: %v", pod, r.name, err))
 				}
-				pods = append(pods, result{pod: pod, node: node, ip: ip, via: r.name})
+				pods = append(pods, result{
+					pod:  pod,
+					node: node,
+					ip:   ip,
+					via:  r.name,
+				})
 				mu.Unlock()
 				time.Sleep(50 * time.Millisecond)
 			}
@@ -1067,11 +1098,11 @@ func TestSharding_JoinLeaveGraceful(t *testing.T) {
 	mu.Unlock()
 	time.Sleep(500 * time.Millisecond)
 	leaveStart := time.Now()
-	if err := leaver.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := leaver.proc.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-leaver.exited:
+	case <-leaver.proc.Exited():
 	case <-time.After(40 * time.Second):
 		t.Fatal("the leaving replica did not exit within 40s of SIGTERM")
 	}

@@ -582,7 +582,7 @@ func mustNode(ctx context.Context, e *shardEnv, name string) *corev1.Node {
 	return n
 }
 
-// (a) Nodes spread over the replicas, and a CNI call to any replica is served
+// Nodes spread over the replicas, and a CNI call to any replica is served
 // by the node's owner.
 func TestSharding_SpreadAndForward(t *testing.T) {
 	e := newShardEnv(t, 24)
@@ -796,7 +796,7 @@ func collect(results <-chan result) (func() []result, *sync.WaitGroup) {
 	}, &wg
 }
 
-// (b) SIGKILL the replica owning the most nodes while allocations stream in:
+// SIGKILL the replica owning the most nodes while allocations stream in:
 // its nodes allocate again (measured), no IP is held twice, none is lost.
 func TestSharding_KillFailover(t *testing.T) {
 	e := newShardEnv(t, 24)
@@ -897,7 +897,7 @@ func TestSharding_KillFailover(t *testing.T) {
 	}
 }
 
-// (c) SIGSTOP a replica for longer than its lease while other replicas take
+// SIGSTOP a replica for longer than its lease while other replicas take
 // its nodes over and allocate on them; calls queued at the paused replica
 // are served after SIGCONT without it allocating on its lost claims.
 func TestSharding_PausedReplicaIsFenced(t *testing.T) {
@@ -1028,7 +1028,7 @@ func TestSharding_PausedReplicaIsFenced(t *testing.T) {
 	e.checkIPs(ctx, results)
 }
 
-// (d, e) A 4th replica joins and one leaves gracefully while calls stream
+// A 4th replica joins and one leaves gracefully while calls stream
 // through the replicas that stay: about 1/N of the nodes move each time, no
 // call fails, and bce-sim never sees more than rate + burst calls in a second.
 func TestSharding_JoinLeaveGraceful(t *testing.T) {
@@ -1140,7 +1140,7 @@ func TestSharding_JoinLeaveGraceful(t *testing.T) {
 	defer cancel()
 	e.checkIPs(checkCtx, pods)
 
-	// (e) The budget at bce-sim, over the whole test.
+	// The budget at bce-sim, over the whole test.
 	maxSec, at := e.busiestSecond(joinStart)
 	t.Logf("BUDGET: busiest second during join/leave had %d BCE calls (at %s); global rate %d + burst %d = %d",
 		maxSec, time.Unix(at, 0).Format(time.TimeOnly), globalRate, globalBurst, globalRate+globalBurst)
@@ -1190,7 +1190,7 @@ func moved(a, b map[string]string) int {
 	return n
 }
 
-// (e, demand) One replica is busy while the others idle: its share of the
+// One replica is busy while the others idle: its share of the
 // budget grows past an even split (the idle ones lend theirs), the shares
 // never sum above the budget, and bce-sim never sees more than rate + burst
 // in a second.

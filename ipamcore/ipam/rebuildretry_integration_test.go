@@ -51,8 +51,13 @@ func TestCoordinator_UnrebuildableNodeBacksOff(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = e.kube.CoreV1().Nodes().Delete(context.Background(), bad, metav1.DeleteOptions{}) })
 
-	coord, err := shard.New(shard.Config{Namespace: e.ns, Ring: shard.RingConfig{Partitions: 7}, LeaveTimeout: 2 * time.Second},
-		"rr-0", shard.Addresses{GRPC: "127.0.0.1:1", HTTP: "127.0.0.1:2"},
+	scfg := shard.DefaultConfig()
+	scfg.Namespace = e.ns
+	scfg.Ring.Partitions = 7
+	scfg.LeaveTimeout = 2 * time.Second
+	scfg.ColdStartSettle = 0 // one replica: claim at once
+	scfg.FencingPolicy = ""  // no fencing policy installed here
+	coord, err := shard.New(scfg, "rr-0", shard.Addresses{GRPC: "127.0.0.1:1", HTTP: "127.0.0.1:2"},
 		shard.Deps{Kube: e.kube, Nodes: e.ipam, NodeInformer: e.ipam.NodeInformer()},
 		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {

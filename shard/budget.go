@@ -86,12 +86,6 @@ type budget struct {
 	opShareN              int     // replicas the per-operation limits are split over
 }
 
-// UsageReporter is the limiter's usage (cloud.Client implements it). Without
-// it every replica counts as busy and the split stays even.
-type UsageReporter interface {
-	Usage() (taken, waited int64)
-}
-
 func newBudget(deps budgetDeps) *budget {
 	return &budget{budgetDeps: deps}
 }
@@ -178,71 +172,6 @@ func (b *budget) observe(l *coordv1.Lease, live []string, replicas int) {
 	}
 }
 
-// demandTarget follows demand: a replica that is idle keeps what it uses
-// (twice its recent rate, at least a quarter of an even share, at most an
-// even share); the busy ones split the rest evenly. Replicas that have not
-// published yet count as busy. With everyone busy this is the even split.
-// Every replica computes only its own target; the CAS on the budget Lease
-// keeps the sum within the budget while views differ.
-func demandTarget(global Share, live []string, self string, published map[string]Share, busy bool, need float64) Share {
-	if slices.Index(live, self) < 0 || global.Rate <= 0 {
-		return Share{}
-	}
-	fair := global.Rate / float64(len(live))
-	floor := fair / 4
-	var rate float64
-	if !busy {
-		rate = math.Min(fair, math.Max(floor, need))
-	} else {
-		idle, busyN := 0.0, 1
-		for _, m := range live {
-			if m == self {
-				continue
-			}
-			if s, ok := published[m]; ok && !s.Busy {
-				idle += s.Rate
-			} else {
-				busyN++
-			}
-		}
-		rate = math.Max(floor, (global.Rate-idle)/float64(busyN))
-	}
-	burst := max(1, int64(float64(global.Burst)*rate/global.Rate))
-	return Share{Rate: rate, Burst: burst, Busy: busy}
-}
-
-// demand reads the limiter's usage since the last adjustment: busy when
-// calls waited for tokens or used most of the share; idle after a few quiet
-// rounds well below it. need is what an idle replica keeps.
-func (b *budget) demand(cur Share) (busy bool, need float64) {
-	u, ok := b.setter.(UsageReporter)
-	if !ok {
-		return true, 0
-	}
-	taken, waited := u.Usage()
-	now := b.clock.Now()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.lastAt.IsZero() {
-		b.lastTaken, b.lastWaited, b.lastAt = taken, waited, now
-		return true, 0
-	}
-	dt := now.Sub(b.lastAt).Seconds()
-	if dt <= 0 {
-		return cur.Busy, 2 * b.usage
-	}
-	b.usage = 0.5*b.usage + 0.5*float64(taken-b.lastTaken)/dt
-	starved := waited > b.lastWaited
-	b.lastTaken, b.lastWaited, b.lastAt = taken, waited, now
-	switch {
-	case starved || b.usage >= 0.8*cur.Rate:
-		b.quiet = 0
-	case b.usage < 0.5*cur.Rate:
-		b.quiet++
-	}
-	return b.quiet < 3, 2 * b.usage
-}
-
 func (b *budget) loop(ctx context.Context) {
 	if b.setter == nil {
 		return
@@ -285,7 +214,11 @@ func (b *budget) adjust(ctx context.Context) {
 	switch {
 	case want.Rate < cur.Rate*0.9-rateEpsilon || want.Burst < cur.Burst || (want.Rate == 0 && cur.Rate > 0):
 		// Lower locally first, then tell the others.
-		lower := Share{Rate: math.Min(want.Rate, cur.Rate), Burst: min(want.Burst, cur.Burst), Busy: busy}
+		lower := Share{
+			Rate:  math.Min(want.Rate, cur.Rate),
+			Burst: min(want.Burst, cur.Burst),
+			Busy:  busy,
+		}
 		b.set(lower, granted && lower.Rate > 0)
 		if err := b.publish(ctx, func(map[string]Share) Share { return lower }); err != nil {
 			b.log.Warn("publishing a lower budget share failed; retrying", "err", err)

@@ -19,11 +19,11 @@ import (
 func (c *Coordinator) startAction(ctx context.Context, a Action, claim Claim) {
 	switch a.Kind {
 	case ActClaim:
-		c.pendingIO++
-		if c.claimsInFlight == 0 {
-			c.claimsSince = c.clock.Now()
+		c.inFlight.io++
+		if c.inFlight.claims == 0 {
+			c.inFlight.claimsSince = c.clock.Now()
 		}
-		c.claimsInFlight++
+		c.inFlight.claims++
 		go c.claim(ctx, a.Partition, claim)
 	case ActServe:
 		c.metrics.partitionsClaimed.Inc()
@@ -35,18 +35,18 @@ func (c *Coordinator) startAction(ctx context.Context, a Action, claim Claim) {
 			c.metrics.handovers.WithLabelValues("fenced").Inc()
 		}
 	case ActRelease:
-		c.pendingIO++
+		c.inFlight.io++
 		go func() {
 			c.release(ctx, a.Partition, a.Version)
-			c.results <- func() { c.pendingIO-- }
+			c.results <- func() { c.inFlight.io-- }
 		}()
 	case ActReleaseOrphan:
-		c.pendingIO++
+		c.inFlight.io++
 		c.log.Info("releasing a claim this replica no longer serves", "partition", a.Partition)
 		go func() {
 			c.release(ctx, a.Partition, a.Version)
 			c.results <- func() {
-				c.pendingIO--
+				c.inFlight.io--
 				c.own.OrphanReleased(a.Partition)
 			}
 		}()
@@ -57,10 +57,13 @@ func (c *Coordinator) startAction(ctx context.Context, a Action, claim Claim) {
 func (c *Coordinator) claim(ctx context.Context, p int, claim Claim) {
 	won, written, reason := c.claimIO(ctx, p, claim)
 	c.results <- func() {
-		c.pendingIO--
-		c.claimsInFlight--
+		c.inFlight.io--
+		c.inFlight.claims--
 		if won {
-			c.written[p] = writtenClaim{claim: written, replaced: claim.Version}
+			c.written[p] = writtenClaim{
+				claim:    written,
+				replaced: claim.Version,
+			}
 			c.metrics.handovers.WithLabelValues(reason).Inc()
 		}
 		if _, err := c.own.ClaimResult(p, won); err != nil {
@@ -114,8 +117,15 @@ func (c *Coordinator) casClaim(ctx context.Context, p int, claim Claim) (Claim, 
 	now := metav1.NewMicroTime(c.clock.Now())
 	if claim.Version == "" {
 		l, err := client.Create(ctx, &coordv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: PartitionLeaseName(p), Labels: map[string]string{labelKind: kindPartition}},
-			Spec:       coordv1.LeaseSpec{HolderIdentity: ptr.To(c.self), AcquireTime: &now, LeaseTransitions: ptr.To(int32(1))},
+			ObjectMeta: metav1.ObjectMeta{
+				Name:   PartitionLeaseName(p),
+				Labels: map[string]string{labelKind: kindPartition},
+			},
+			Spec: coordv1.LeaseSpec{
+				HolderIdentity:   ptr.To(c.self),
+				AcquireTime:      &now,
+				LeaseTransitions: ptr.To(int32(1)),
+			},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			if !apierrors.IsAlreadyExists(err) {
@@ -123,13 +133,24 @@ func (c *Coordinator) casClaim(ctx context.Context, p int, claim Claim) (Claim, 
 			}
 			return Claim{}, false
 		}
-		return Claim{Holder: c.self, Version: l.ResourceVersion, Epoch: 1}, true
+		return Claim{
+			Holder:  c.self,
+			Version: l.ResourceVersion,
+			Epoch:   1,
+		}, true
 	}
 	epoch := claim.Epoch + 1
 	l := &coordv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: PartitionLeaseName(p), ResourceVersion: claim.Version,
-			Labels: map[string]string{labelKind: kindPartition}},
-		Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(c.self), AcquireTime: &now, LeaseTransitions: ptr.To(int32(epoch))},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:            PartitionLeaseName(p),
+			ResourceVersion: claim.Version,
+			Labels:          map[string]string{labelKind: kindPartition},
+		},
+		Spec: coordv1.LeaseSpec{
+			HolderIdentity:   ptr.To(c.self),
+			AcquireTime:      &now,
+			LeaseTransitions: ptr.To(int32(epoch)),
+		},
 	}
 	l, err := client.Update(ctx, l, metav1.UpdateOptions{})
 	if err != nil {
@@ -138,7 +159,11 @@ func (c *Coordinator) casClaim(ctx context.Context, p int, claim Claim) (Claim, 
 		}
 		return Claim{}, false
 	}
-	return Claim{Holder: c.self, Version: l.ResourceVersion, Epoch: epoch}, true
+	return Claim{
+		Holder:  c.self,
+		Version: l.ResourceVersion,
+		Epoch:   epoch,
+	}, true
 }
 
 // release CASes a drained partition's claim to nobody; on a conflict it
@@ -160,13 +185,25 @@ func (c *Coordinator) release(ctx context.Context, p int, version string) {
 	}
 	for attempt := 0; attempt < 5 && ctx.Err() == nil; attempt++ {
 		l := &coordv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: PartitionLeaseName(p), ResourceVersion: version,
-				Labels: map[string]string{labelKind: kindPartition}},
-			Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(""), LeaseTransitions: ptr.To(int32(epoch + 1))},
+			ObjectMeta: metav1.ObjectMeta{
+				Name:            PartitionLeaseName(p),
+				ResourceVersion: version,
+				Labels:          map[string]string{labelKind: kindPartition},
+			},
+			Spec: coordv1.LeaseSpec{
+				HolderIdentity:   ptr.To(""),
+				LeaseTransitions: ptr.To(int32(epoch + 1)),
+			},
 		}
 		out, err := client.Update(ctx, l, metav1.UpdateOptions{})
 		if err == nil {
-			released := writtenClaim{claim: Claim{Version: out.ResourceVersion, Epoch: epoch + 1}, replaced: version}
+			released := writtenClaim{
+				claim: Claim{
+					Version: out.ResourceVersion,
+					Epoch:   epoch + 1,
+				},
+				replaced: version,
+			}
 			c.results <- func() { c.written[p] = released }
 			c.metrics.handovers.WithLabelValues("released").Inc()
 			return

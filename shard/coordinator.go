@@ -74,24 +74,26 @@ type Coordinator struct {
 
 	// Owned by the loop goroutine. The decisions are the Ownership's; the
 	// rest is what the I/O needs.
-	own            *Ownership
-	leaving        bool
-	ring           *Ring
-	live           []string
-	seen           map[string]observed // other replicas' leases as observed
-	claims         []Claim             // the claims as of the last look (watch + our own writes)
-	written        map[int]writtenClaim
-	nodeState      map[string]nodeState
-	starting       bool
-	pendingIO      int // claims and releases in flight
-	claimsInFlight int
-	claimsSince    time.Time // when the oldest claim in flight started
-	retryAt        map[string]time.Time
-	retryDelay     map[string]time.Duration // a failing node's current backoff (see serveBackoff)
-	stepped        bool
-	readyReason    string
-	loggedHold     string // the Ownership's hold as last logged
-	balance        balanceState
+	own         *Ownership
+	leaving     bool
+	ring        *Ring
+	live        []string
+	seen        map[string]observed // other replicas' leases as observed
+	claims      []Claim             // the claims as of the last look (watch + our own writes)
+	written     map[int]writtenClaim
+	serving     nodeServing
+	inFlight    inFlight
+	stepped     bool
+	readyReason string
+	loggedHold  string // the Ownership's hold as last logged
+	balance     balanceState
+}
+
+// inFlight counts the claim and release CASes under way.
+type inFlight struct {
+	io          int // claims and releases
+	claims      int
+	claimsSince time.Time // when the oldest claim in flight started
 }
 
 // Deps are the Coordinator's connections.
@@ -174,17 +176,22 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 			SettleCap:       cfg.ColdStartSettle + cfg.LeaseDuration,
 			Start:           deps.Clock.Now(),
 		}),
-		seen:        map[string]observed{},
-		written:     map[int]writtenClaim{},
-		nodeState:   map[string]nodeState{},
-		retryAt:     map[string]time.Time{},
-		retryDelay:  map[string]time.Duration{},
+		seen:    map[string]observed{},
+		written: map[int]writtenClaim{},
+		serving: nodeServing{
+			state:      map[string]nodeState{},
+			retryAt:    map[string]time.Time{},
+			retryDelay: map[string]time.Duration{},
+		},
 		readyReason: "not started",
 	}
 	c.budget = newBudget(budgetDeps{
-		self:         self,
-		setter:       deps.Budget,
-		global:       Share{Rate: deps.GlobalRate, Burst: deps.GlobalBurst},
+		self:   self,
+		setter: deps.Budget,
+		global: Share{
+			Rate:  deps.GlobalRate,
+			Burst: deps.GlobalBurst,
+		},
 		leases:       deps.Kube.CoordinationV1().Leases(cfg.Namespace),
 		clock:        deps.Clock,
 		peers:        deps.Fence,
@@ -287,7 +294,11 @@ func (c *Coordinator) Run(ctx context.Context) error {
 func (c *Coordinator) startInformers(ctx context.Context) (context.Context, error) {
 	inf := c.leaseInformers.Coordination().V1().Leases().Informer()
 	kick := func(any) { c.Kick() }
-	handler := cache.ResourceEventHandlerFuncs{AddFunc: kick, DeleteFunc: kick, UpdateFunc: func(_, _ any) { c.Kick() }}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    kick,
+		DeleteFunc: kick,
+		UpdateFunc: func(_, _ any) { c.Kick() },
+	}
 	if _, err := inf.AddEventHandler(handler); err != nil {
 		return nil, err
 	}
@@ -410,19 +421,19 @@ func (c *Coordinator) idle() bool {
 			return false
 		}
 	}
-	for _, st := range c.nodeState {
+	for _, st := range c.serving.state {
 		if st != nodeAbsent {
 			return false
 		}
 	}
-	return !c.starting && c.pendingIO == 0
+	return !c.serving.starting && c.inFlight.io == 0
 }
 
 // stopEverything stops serving every node (leave timed out). The fence
 // closes first: nothing is written for the nodes while they stop.
 func (c *Coordinator) stopEverything() {
 	var names []string
-	for n, st := range c.nodeState {
+	for n, st := range c.serving.state {
 		if st != nodeAbsent {
 			names = append(names, n)
 		}

@@ -178,7 +178,7 @@ func TestCoordinator_ReleasesOrphanedClaims(t *testing.T) {
 		c.startAction(ctx, a, claims[a.Partition])
 	}
 	deadline := time.After(10 * time.Second)
-	for c.pendingIO > 0 {
+	for c.inFlight.io > 0 {
 		select {
 		case f := <-c.results:
 			f()
@@ -256,7 +256,7 @@ func TestCoordinator_HeldStepClaimsNothing(t *testing.T) {
 	if err := c.step(ctx); err != nil {
 		t.Fatal(err)
 	}
-	inFlight := c.claimsInFlight
+	inFlight := c.inFlight.claims
 	if inFlight != 0 {
 		t.Fatalf("a held step started %d claims", inFlight)
 	}
@@ -265,7 +265,7 @@ func TestCoordinator_HeldStepClaimsNothing(t *testing.T) {
 	if err := c.step(ctx); err != nil {
 		t.Fatal(err)
 	}
-	inFlight = c.claimsInFlight
+	inFlight = c.inFlight.claims
 	if inFlight != c.cfg.Ring.Partitions {
 		t.Fatalf("after the settle the step started %d claims, want all %d", inFlight, c.cfg.Ring.Partitions)
 	}
@@ -302,7 +302,7 @@ func TestCoordinator_BatchWaitsForClaimsInFlight(t *testing.T) {
 	}
 	// Another partition's claim has been in flight for 2 s: past the old
 	// 1 s cut, within claimSettle.
-	c.claimsInFlight, c.claimsSince = 1, clk.Now()
+	c.inFlight.claims, c.inFlight.claimsSince = 1, clk.Now()
 	clk.Step(2 * time.Second)
 	c.reconcileNodes(ctx, clk.Now(), c.servedNodes())
 	select {

@@ -154,7 +154,12 @@ func (f *Fence) FenceToken(node string) (ipam.FenceToken, time.Time, error) {
 	if cl.Holder != f.self {
 		return ipam.FenceToken{}, time.Time{}, fmt.Errorf("%w: the claim of partition %d names %q", ErrNotOwner, p, cl.Holder)
 	}
-	return ipam.FenceToken{Partition: p, Holder: f.self, Epoch: cl.Epoch}, until, nil
+	tok := ipam.FenceToken{
+		Partition: p,
+		Holder:    f.self,
+		Epoch:     cl.Epoch,
+	}
+	return tok, until, nil
 }
 
 // Route is where a call for a node goes now.

@@ -69,9 +69,16 @@ func (c *Coordinator) awaitFence(ctx context.Context, p int, old, won Claim) {
 	if present, _ := c.policy.get(); c.fenceProbe == nil || !present {
 		return
 	}
-	tok, wantRefused := ipam.FenceToken{Partition: p, Holder: old.Holder, Epoch: old.Epoch}, true
+	// A takeover: the old holder's token must be refused. A free claim: ours
+	// must be accepted.
+	probed, wantRefused := old, true
 	if old.Holder == "" {
-		tok, wantRefused = ipam.FenceToken{Partition: p, Holder: won.Holder, Epoch: won.Epoch}, false
+		probed, wantRefused = won, false
+	}
+	tok := ipam.FenceToken{
+		Partition: p,
+		Holder:    probed.Holder,
+		Epoch:     probed.Epoch,
 	}
 	start := c.clock.Now()
 	var lastErr error

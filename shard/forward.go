@@ -50,7 +50,10 @@ type Authenticator struct {
 
 // NewAuthenticator uses key (nil or empty: unauthenticated, for development).
 func NewAuthenticator(key []byte) *Authenticator {
-	return &Authenticator{key: key, now: time.Now}
+	return &Authenticator{
+		key: key,
+		now: time.Now,
+	}
 }
 
 func (a *Authenticator) mac(method, namespace, name, containerID, from string, ms int64) string {

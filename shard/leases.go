@@ -79,7 +79,10 @@ func casAnnotations(ctx context.Context, client coordclient.LeaseInterface, name
 		return err
 	}
 	if create {
-		l = &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{labelKind: kind}}}
+		l = &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{
+			Name:   name,
+			Labels: map[string]string{labelKind: kind},
+		}}
 	}
 	if l.Annotations == nil {
 		l.Annotations = map[string]string{}

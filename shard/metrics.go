@@ -114,7 +114,7 @@ func newRouterMetrics(reg prometheus.Registerer) routerMetrics {
 // updateMetrics refreshes the gauges (on the loop).
 func (c *Coordinator) updateMetrics() {
 	up := 0
-	for _, st := range c.nodeState {
+	for _, st := range c.serving.state {
 		if st == nodeUp {
 			up++
 		}

@@ -24,6 +24,14 @@ const (
 	nodeStopping
 )
 
+// nodeServing is the loop's record of the nodes it serves.
+type nodeServing struct {
+	state      map[string]nodeState
+	starting   bool // a batch is being served
+	retryAt    map[string]time.Time
+	retryDelay map[string]time.Duration // a failing node's current backoff (see serveBackoff)
+}
+
 // servedNodes lists the nodes this controller serves: BCC nodes (a cce://
 // provider ID) not being deleted.
 func (c *Coordinator) servedNodes() []string {
@@ -45,7 +53,7 @@ func (c *Coordinator) reconcileNodes(ctx context.Context, now time.Time, served 
 	for _, name := range served {
 		exists[name] = true
 		p := PartitionOf(c.cfg.Ring.Partitions, name)
-		if c.own.State(p) == Serving && c.nodeState[name] == nodeAbsent && !now.Before(c.retryAt[name]) {
+		if c.own.State(p) == Serving && c.serving.state[name] == nodeAbsent && !now.Before(c.serving.retryAt[name]) {
 			start = append(start, name)
 		}
 	}
@@ -56,17 +64,17 @@ func (c *Coordinator) reconcileNodes(ctx context.Context, now time.Time, served 
 
 // stopNodes stops the nodes that are up but no longer to be served.
 func (c *Coordinator) stopNodes(exists map[string]bool) {
-	for name, st := range c.nodeState {
+	for name, st := range c.serving.state {
 		p := PartitionOf(c.cfg.Ring.Partitions, name)
 		if st == nodeUp && (c.own.State(p) != Serving || !exists[name]) {
-			c.nodeState[name] = nodeStopping
+			c.serving.state[name] = nodeStopping
 			go func() {
 				c.nodes.StopServingNode(name)
-				c.results <- func() { c.nodeState[name] = nodeAbsent }
+				c.results <- func() { c.serving.state[name] = nodeAbsent }
 			}()
 		}
 		if st == nodeAbsent {
-			delete(c.nodeState, name)
+			delete(c.serving.state, name)
 		}
 	}
 }
@@ -78,14 +86,14 @@ func (c *Coordinator) stopNodes(exists map[string]bool) {
 // reads again, so a batch waits for the claims in flight, up to claimSettle
 // (DESIGN.md, "Serving in batches").
 func (c *Coordinator) startNodes(ctx context.Context, now time.Time, start []string) {
-	settling := c.claimsInFlight > 0 && now.Sub(c.claimsSince) < claimSettle
-	if len(start) == 0 || c.starting || settling {
+	settling := c.inFlight.claims > 0 && now.Sub(c.inFlight.claimsSince) < claimSettle
+	if len(start) == 0 || c.serving.starting || settling {
 		return
 	}
 	sort.Strings(start)
-	c.starting = true
+	c.serving.starting = true
 	for _, n := range start {
-		c.nodeState[n] = nodeStarting
+		c.serving.state[n] = nodeStarting
 	}
 	go c.serve(ctx, start)
 }
@@ -105,22 +113,22 @@ func (c *Coordinator) serve(ctx context.Context, names []string) {
 
 // served applies a batch's outcome: failed nodes back off, the others are up.
 func (c *Coordinator) served(names []string, errs map[string]error, took time.Duration) {
-	c.starting = false
+	c.serving.starting = false
 	now := c.clock.Now()
 	for _, n := range names {
 		if err, failed := errs[n]; failed {
-			c.nodeState[n] = nodeAbsent
-			delay := serveBackoff(c.retryDelay[n])
-			c.retryDelay[n] = delay
+			c.serving.state[n] = nodeAbsent
+			delay := serveBackoff(c.serving.retryDelay[n])
+			c.serving.retryDelay[n] = delay
 			wait := serveJitter(delay)
-			c.retryAt[n] = now.Add(wait)
+			c.serving.retryAt[n] = now.Add(wait)
 			c.log.Warn("serving node failed; backing off", "node", n, "retry_in", wait.Round(time.Millisecond),
 				"backoff", delay, "err", err)
 			continue
 		}
-		c.nodeState[n] = nodeUp
-		delete(c.retryAt, n)
-		delete(c.retryDelay, n)
+		c.serving.state[n] = nodeUp
+		delete(c.serving.retryAt, n)
+		delete(c.serving.retryDelay, n)
 	}
 	// Hand-over duration: from when the ring gave us a partition until
 	// its nodes are served.
@@ -159,7 +167,7 @@ func (c *Coordinator) updateReady(now time.Time, exists map[string]bool) {
 		c.readyReason = "replica lease not held"
 	case c.own.Hold() != "":
 		c.readyReason = c.own.Hold()
-	case c.starting:
+	case c.serving.starting:
 		c.readyReason = "building the state of owned nodes"
 	default:
 		// A claim in flight is a partition the replica is about to serve:
@@ -173,7 +181,7 @@ func (c *Coordinator) updateReady(now time.Time, exists map[string]bool) {
 			}
 		}
 		for name := range exists {
-			if c.own.State(PartitionOf(c.cfg.Ring.Partitions, name)) == Serving && c.nodeState[name] != nodeUp {
+			if c.own.State(PartitionOf(c.cfg.Ring.Partitions, name)) == Serving && c.serving.state[name] != nodeUp {
 				c.readyReason = "node " + name + " not served yet"
 				break
 			}

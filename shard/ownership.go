@@ -253,7 +253,11 @@ func (o *Ownership) Step(v View) ([]Action, error) {
 			if err := o.set(p, Unowned); err != nil {
 				return nil, err
 			}
-			acts = append(acts, Action{Kind: ActRelease, Partition: p, Version: v.Claims[p].Version})
+			acts = append(acts, Action{
+				Kind:      ActRelease,
+				Partition: p,
+				Version:   v.Claims[p].Version,
+			})
 		}
 	}
 	return append(acts, o.orphans(v, leaseOK)...), nil
@@ -267,16 +271,31 @@ func (o *Ownership) stepPartition(p int, st PartitionState, claim Claim, mine, l
 	case Unowned:
 		free := claim.Holder == "" || (claim.Holder != o.cfg.Self && expired != nil && expired(claim.Holder))
 		if leaseOK && mine && (free || claim.Holder == o.cfg.Self) {
-			return Action{Kind: ActClaim, Partition: p, Version: claim.Version}, o.set(p, Claiming)
+			act := Action{
+				Kind:      ActClaim,
+				Partition: p,
+				Version:   claim.Version,
+			}
+			return act, o.set(p, Claiming)
 		}
 	case Serving:
 		switch {
 		case !leaseOK || claim.Holder != o.cfg.Self:
 			// Fenced: stop at once; the claim is (or will be) taken over
 			// after our lease expires, nothing to release.
-			return Action{Kind: ActStop, Partition: p, Fenced: true}, o.set(p, Unowned)
+			stop := Action{
+				Kind:      ActStop,
+				Partition: p,
+				Fenced:    true,
+			}
+			return stop, o.set(p, Unowned)
 		case !mine:
-			return Action{Kind: ActStop, Partition: p, Version: claim.Version}, o.set(p, Draining)
+			drain := Action{
+				Kind:      ActStop,
+				Partition: p,
+				Version:   claim.Version,
+			}
+			return drain, o.set(p, Draining)
 		}
 	}
 	return Action{}, nil
@@ -380,7 +399,11 @@ func (o *Ownership) orphans(v View, leaseOK bool) []Action {
 			continue
 		}
 		o.releasing[p] = true
-		acts = append(acts, Action{Kind: ActReleaseOrphan, Partition: p, Version: cl.Version})
+		acts = append(acts, Action{
+			Kind:      ActReleaseOrphan,
+			Partition: p,
+			Version:   cl.Version,
+		})
 	}
 	return acts
 }

@@ -124,7 +124,12 @@ func NewRing(cfg RingConfig, members []string) (*Ring, error) {
 	for p := range owners {
 		owners[p] = c.GetPartitionOwner(p).String()
 	}
-	return &Ring{cfg: cfg, hash: c, members: sorted, owners: owners}, nil
+	return &Ring{
+		cfg:     cfg,
+		hash:    c,
+		members: sorted,
+		owners:  owners,
+	}, nil
 }
 
 // Members returns the sorted member names.
@@ -174,7 +179,11 @@ func Diff(old, next Table) ([]Move, error) {
 			from = old.Owners[p]
 		}
 		if from != to {
-			moves = append(moves, Move{Partition: p, From: from, To: to})
+			moves = append(moves, Move{
+				Partition: p,
+				From:      from,
+				To:        to,
+			})
 		}
 	}
 	return moves, nil

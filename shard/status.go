@@ -63,7 +63,12 @@ func (c *Coordinator) Status(leader func() (string, bool)) Status {
 	now := c.clock.Now()
 	nodes := c.servedNodes()
 	s := c.fence.load()
-	st := Status{Self: c.self, LeaseValid: now.Before(s.leaseValidUntil), Partitions: c.cfg.Ring.Partitions, Ready: "ok"}
+	st := Status{
+		Self:       c.self,
+		LeaseValid: now.Before(s.leaseValidUntil),
+		Partitions: c.cfg.Ring.Partitions,
+		Ready:      "ok",
+	}
 	if s.readyReason != "" {
 		st.Ready = s.readyReason
 	}
@@ -138,7 +143,12 @@ func (c *Coordinator) memberStatus(s *snapshot) members {
 // nodeStatus is this replica's answer about one node.
 func (c *Coordinator) nodeStatus(node string) NodeStatus {
 	rt := c.fence.RouteOf(node)
-	ns := NodeStatus{Node: node, Partition: rt.Partition, AnsweredBy: c.self, Served: rt.Local}
+	ns := NodeStatus{
+		Node:       node,
+		Partition:  rt.Partition,
+		AnsweredBy: c.self,
+		Served:     rt.Local,
+	}
 	if s := c.fence.load(); s.owners != nil {
 		ns.RingOwner = s.owners[rt.Partition]
 	}

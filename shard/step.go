@@ -54,7 +54,7 @@ func (c *Coordinator) step(ctx context.Context) error {
 // view is what the Ownership is shown at now.
 func (c *Coordinator) view(now time.Time, live []string, claims []Claim, gossip map[string]bool) View {
 	busy := map[int]bool{} // partitions with nodes not yet stopped
-	for name, st := range c.nodeState {
+	for name, st := range c.serving.state {
 		if st != nodeAbsent {
 			busy[PartitionOf(c.cfg.Ring.Partitions, name)] = true
 		}

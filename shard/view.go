@@ -44,8 +44,11 @@ func (c *Coordinator) readLeases(leases []*coordv1.Lease) (
 			}
 		case kindPartition:
 			if p, ok := partitionFromLease(l.Name); ok && p < len(claims) {
-				claims[p] = Claim{Holder: ptr.Deref(l.Spec.HolderIdentity, ""), Version: l.ResourceVersion,
-					Epoch: int64(ptr.Deref(l.Spec.LeaseTransitions, 0))}
+				claims[p] = Claim{
+					Holder:  ptr.Deref(l.Spec.HolderIdentity, ""),
+					Version: l.ResourceVersion,
+					Epoch:   int64(ptr.Deref(l.Spec.LeaseTransitions, 0)),
+				}
 			}
 		case kindBudget:
 			budgetLease = l

@@ -390,7 +390,10 @@ func (r *replica) newServers(o options, leaderName *atomic.Value, reg *prometheu
 	}
 	leader := func() (string, bool) { return leaderName.Load().(string), r.elector.IsLeader() }
 	mux.Handle("/shard/", r.coord.StatusHandler(leader, func(node string) (any, error) { return r.core.Stats(node) }))
-	r.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	r.http = &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+	}
 }
 
 // readyz: ready once caches are synced, gossip is up, the lease is held and
@@ -529,7 +532,11 @@ func firstPrivateIP() string {
 // queue behind bulk LISTs and hundreds of watch streams on one connection.
 func ownConnection(cfg *rest.Config) *rest.Config {
 	c := rest.CopyConfig(cfg)
-	c.Dial = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	dialer := &net.Dialer{
+		Timeout:   30 * time.Second,
+		KeepAlive: 30 * time.Second,
+	}
+	c.Dial = dialer.DialContext
 	return c
 }
 

@@ -210,7 +210,12 @@ func TestChaos(t *testing.T) {
 		}
 	})
 
-	churn := &suite.Churn{Namespace: ns, Min: 30, Max: 90, Period: 250 * time.Millisecond}
+	churn := &suite.Churn{
+		Namespace: ns,
+		Min:       30,
+		Max:       90,
+		Period:    250 * time.Millisecond,
+	}
 	suite.StartChurn(t, f, churn, seed)
 
 	var faults faultLog
@@ -249,11 +254,13 @@ func TestChaos(t *testing.T) {
 				gcReleased += strings.Count(string(data), "gc: released")
 			}
 		}
-		t.Logf("CHAOS RESULT seed=%d duration=%s: pods churned: %s, %d force-deleted (gc-drain), %s; GC released %d IPs; %d pods Running at the end; "+
+		t.Logf("CHAOS RESULT seed=%d duration=%s: pods churned: %s, %d force-deleted (gc-drain), %s; GC released %d IPs; "+
+			"%d pods Running at the end; "+
 			"injected %s; checks during chaos: %d (%d could not read); violations during chaos: %d, at the end: %d, I5: %d (by kind: %v); "+
 			"settled: %v after %s; I5 at bce-sim: %d calls in %d s, busiest second %d calls (at %s), budget rate+burst %d; "+
 			"kubelet-sim: %d allocations, %d failed and retried, allocate p50 %s p99 %s; bce-sim: %d calls, %d throttled",
-			seed, duration, stats, forceDeleted, fixed, gcReleased, len(pods), faults.String(), checks, checkErrs, len(violations), len(final), len(i5), byKind,
+			seed, duration, stats, forceDeleted, fixed, gcReleased, len(pods), faults.String(), checks, checkErrs,
+			len(violations), len(final), len(i5), byKind,
 			!t.Failed() && !settleStart.IsZero(), since(settleStart), inRun, secs, busiest,
 			time.Unix(busiestAt, 0).UTC().Format(time.TimeOnly), budget,
 			ks.Allocations, ks.AllocationErrors, ks.AllocateLatency.P50, ks.AllocateLatency.P99, st.All.Calls, st.All.Throttled)
@@ -345,7 +352,10 @@ func TestChaos(t *testing.T) {
 			low := map[bcesim.Op]bcesim.RateLimit{}
 			for _, op := range []bcesim.Op{bcesim.OpBatchAddPrivateIP, bcesim.OpBatchDeletePrivateIP, bcesim.OpCreateENI,
 				bcesim.OpAttachENI, bcesim.OpListENIs} {
-				low[op] = bcesim.RateLimit{QPS: 0.5, Burst: 1}
+				low[op] = bcesim.RateLimit{
+					QPS:   0.5,
+					Burst: 1,
+				}
 			}
 			faults.add(t, "429", fmt.Sprintf("mutations and lists at 0.5/s for %s", d))
 			if err := f.SetSimRateLimits(ctx, low); err != nil {
@@ -389,7 +399,8 @@ func TestChaos(t *testing.T) {
 			r := pick()
 			how := []string{"SIGKILL", "graceful leave", "partition"}[rng.IntN(3)]
 			away := hold(2*time.Second, 10*time.Second)
-			faults.add(t, "lag-handover", fmt.Sprintf("replica lag %s while replica %d hands over (%s, away %s) and back", lag, r.Index(), how, away))
+			faults.add(t, "lag-handover", fmt.Sprintf("replica lag %s while replica %d hands over (%s, away %s) and back", lag,
+				r.Index(), how, away))
 			if err := f.SetFaults(ctx, bcesim.Faults{ReplicaLagMs: int(lag / time.Millisecond)}); err != nil {
 				t.Fatal(err)
 			}
@@ -446,7 +457,8 @@ func TestChaos(t *testing.T) {
 				sleep(time.Second)
 				break
 			}
-			faults.add(t, "sts-move", fmt.Sprintf("fixed-IP pods %v deleted, to come back on another replica's node; next fault in %s", names, d))
+			faults.add(t, "sts-move",
+				fmt.Sprintf("fixed-IP pods %v deleted, to come back on another replica's node; next fault in %s", names, d))
 			sleep(d)
 		case "gc-drain":
 			// Work for GC on the nodes of a replica that then leaves
@@ -499,15 +511,18 @@ func TestChaos(t *testing.T) {
 				}
 			}
 			for _, name := range victims {
-				if err := f.Kube.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err == nil {
+				if err := f.Kube.CoreV1().Pods(ns).Delete(ctx, name,
+					metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err == nil {
 					forceDeleted++
 				}
 			}
 			if err := fixed.scale(ctx, fixedReplicas-1); err != nil {
 				t.Logf("chaos: gc-drain: scale down: %v", err)
 			}
-			faults.add(t, "gc-drain", fmt.Sprintf("replica %d (holds %d nodes) leaves gracefully during GC: %d churn pods on its nodes force-deleted %v, fixed-IP set scaled to %d; back after %s",
-				r.Index(), len(mine), len(victims), victims, fixedReplicas-1, away))
+			faults.add(t, "gc-drain",
+				fmt.Sprintf("replica %d (holds %d nodes) leaves gracefully during GC: %d churn pods on its nodes force-deleted %v, "+
+					"fixed-IP set scaled to %d; back after %s",
+					r.Index(), len(mine), len(victims), victims, fixedReplicas-1, away))
 			sleep(gcPeriod / 2)
 			if err := r.Terminate(); err != nil {
 				t.Error(err)
@@ -564,7 +579,10 @@ func TestChaos(t *testing.T) {
 	// cloud, no two weps on one address, and each owner's datastore assigns
 	// exactly the addresses weps name on its nodes.
 	endChk, err := f.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 30 * time.Second,
-		Pool: &invariants.PoolBounds{Min: o.IdleMin, Max: o.IdleMax}, WEPAddresses: true, Pools: f.NodePool})
+		Pool: &invariants.PoolBounds{
+			Min: o.IdleMin,
+			Max: o.IdleMax,
+		}, WEPAddresses: true, Pools: f.NodePool})
 	if err != nil {
 		t.Fatal(err)
 	}

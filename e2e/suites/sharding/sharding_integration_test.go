@@ -35,11 +35,18 @@ func TestSharding(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	f := env.Fleet(t, fleet.Options{Name: "shard", Replicas: 3, Nodes: 12})
+	f := env.Fleet(t, fleet.Options{
+		Name:     "shard",
+		Replicas: 3,
+		Nodes:    12,
+	})
 	own := suite.WaitSharded(ctx, t, f)
 	t.Logf("3 replicas: %s", own)
 	ns := suite.Namespace(t, f.Kube)
-	chk, err := f.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 30 * time.Second})
+	chk, err := f.Checker(invariants.Config{
+		Namespaces:  []string{ns},
+		OrphanGrace: 30 * time.Second,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +107,8 @@ func TestSharding(t *testing.T) {
 				found = true
 				t.Logf("the new replica %d holds %d of %d partitions (%d nodes)", r.Index(), m.HeldPartitions, st.Partitions, m.Nodes)
 				if m.HeldPartitions < even/2 {
-					t.Errorf("the new replica %d holds %d of %d partitions, under half an even share (%d)", r.Index(), m.HeldPartitions, st.Partitions, even)
+					t.Errorf("the new replica %d holds %d of %d partitions, under half an even share (%d)", r.Index(),
+						m.HeldPartitions, st.Partitions, even)
 				}
 			}
 		}
@@ -130,7 +138,12 @@ func TestSharding(t *testing.T) {
 	})
 
 	t.Run("RollingRestartUnderLoad", func(t *testing.T) {
-		churn := &suite.Churn{Namespace: ns, Min: 20, Max: 60, Period: 300 * time.Millisecond}
+		churn := &suite.Churn{
+			Namespace: ns,
+			Min:       20,
+			Max:       60,
+			Period:    300 * time.Millisecond,
+		}
 		before := f.Kubelet().Stats()
 		suite.StartChurn(t, f, churn, 6)
 		for _, r := range f.Live() {
@@ -155,7 +168,10 @@ func TestSharding(t *testing.T) {
 
 	o := f.Options()
 	end, err := f.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 30 * time.Second,
-		Pool: &invariants.PoolBounds{Min: o.IdleMin, Max: o.IdleMax}})
+		Pool: &invariants.PoolBounds{
+			Min: o.IdleMin,
+			Max: o.IdleMax,
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -108,7 +108,11 @@ func (c *Churn) Stop() ChurnStats {
 
 // Stats returns the counters so far.
 func (c *Churn) Stats() ChurnStats {
-	return ChurnStats{Created: c.created.Load(), Deleted: c.deleted.Load(), Errors: c.errors.Load()}
+	return ChurnStats{
+		Created: c.created.Load(),
+		Deleted: c.deleted.Load(),
+		Errors:  c.errors.Load(),
+	}
 }
 
 // WaitSettled waits until every churn pod left in the namespace is Running

@@ -34,7 +34,10 @@ func (o Ownership) String() string {
 // ScrapeOwnership reads cce_ipam_shard_owned_nodes and
 // cce_ipam_shard_members from every running, not removed replica.
 func ScrapeOwnership(ctx context.Context, f *fleet.Fleet) (Ownership, error) {
-	o := Ownership{Owned: map[int]int{}, Members: map[int]int{}}
+	o := Ownership{
+		Owned:   map[int]int{},
+		Members: map[int]int{},
+	}
 	for _, r := range f.Live() {
 		if !r.Running() {
 			continue
@@ -101,7 +104,8 @@ func converged(ctx context.Context, r *fleet.Replica) error {
 	}
 	for _, m := range st.Members {
 		if m.Live && m.HeldPartitions != m.RingPartitions {
-			return fmt.Errorf("replica %d sees %s holding %d partitions, the ring gives it %d", r.Index(), m.Name, m.HeldPartitions, m.RingPartitions)
+			return fmt.Errorf("replica %d sees %s holding %d partitions, the ring gives it %d",
+				r.Index(), m.Name, m.HeldPartitions, m.RingPartitions)
 		}
 	}
 	return nil

@@ -25,7 +25,10 @@ import (
 // nodes, so that on kind the real scheduler places it there too.
 func PodSpec(f *fleet.Fleet) corev1.PodSpec {
 	return corev1.PodSpec{
-		Containers:                    []corev1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10"}},
+		Containers: []corev1.Container{{
+			Name:  "app",
+			Image: "registry.k8s.io/pause:3.10",
+		}},
 		TerminationGracePeriodSeconds: ptr.To[int64](0),
 		NodeSelector:                  map[string]string{kubeletsim.LabelSimulator: f.SimulatorName()},
 	}
@@ -38,7 +41,10 @@ func CreateDeployment(ctx context.Context, t testing.TB, f *fleet.Fleet, ns, nam
 	_, err := f.Kube.AppsV1().Deployments(ns).Create(ctx, &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: appsv1.DeploymentSpec{Replicas: ptr.To(int32(replicas)), Selector: &metav1.LabelSelector{MatchLabels: l},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: l}, Spec: PodSpec(f)}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: l},
+				Spec:       PodSpec(f),
+			}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create deployment %s: %v", name, err)
@@ -58,7 +64,13 @@ func CreateStatefulSet(ctx context.Context, t testing.TB, f *fleet.Fleet, ns, na
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: appsv1.StatefulSetSpec{Replicas: ptr.To(int32(replicas)), Selector: &metav1.LabelSelector{MatchLabels: l},
 			PodManagementPolicy: appsv1.ParallelPodManagement,
-			Template:            corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: l, Annotations: ann}, Spec: PodSpec(f)}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{
+					Labels:      l,
+					Annotations: ann,
+				},
+				Spec: PodSpec(f),
+			}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create statefulset %s: %v", name, err)
@@ -102,7 +114,8 @@ func Running(p *corev1.Pod) bool {
 // WaitPods waits until exactly n pods match selector in ns and all are
 // Running with an IP, and returns them sorted by name. pred, when given,
 // must also hold for the set.
-func WaitPods(ctx context.Context, t testing.TB, kube kubernetes.Interface, ns, selector string, n int, pred ...func([]corev1.Pod) bool) []corev1.Pod {
+func WaitPods(ctx context.Context, t testing.TB, kube kubernetes.Interface, ns, selector string, n int,
+	pred ...func([]corev1.Pod) bool) []corev1.Pod {
 	t.Helper()
 	var last string
 	for {

@@ -123,6 +123,33 @@ func (o *Options) fillDefaults() {
 	if o.MemoryGB == 0 {
 		o.MemoryGB = 64
 	}
+	// ipam.New and cni.NewServer no longer fill unset fields: those this
+	// stack does not choose take the packages' flag defaults.
+	def := ipam.DefaultConfig()
+	if o.IPAM.BatchAdd == 0 {
+		o.IPAM.BatchAdd = def.BatchAdd
+	}
+	if o.IPAM.AllocateWait == 0 {
+		o.IPAM.AllocateWait = def.AllocateWait
+	}
+	if o.IPAM.ReadLag == 0 {
+		o.IPAM.ReadLag = def.ReadLag
+	}
+	if o.IPAM.ENISyncPeriod == 0 {
+		o.IPAM.ENISyncPeriod = def.ENISyncPeriod
+	}
+	if o.IPAM.LeakedENIAge == 0 {
+		o.IPAM.LeakedENIAge = def.LeakedENIAge
+	}
+	if o.IPAM.SubnetSelection == "" {
+		o.IPAM.SubnetSelection = def.SubnetSelection
+	}
+	if o.IPAM.LeakGrace == 0 {
+		o.IPAM.LeakGrace = def.LeakGrace
+	}
+	if o.CNI == (cni.Config{}) {
+		o.CNI = cni.DefaultConfig()
+	}
 	if o.IPAM.IdleMin == 0 {
 		o.IPAM.IdleMin = 2
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"sort"
 	"strings"
 	"time"
 
@@ -45,63 +44,43 @@ func (c *Coordinator) servedNodes() []string {
 	return names
 }
 
-// reconcileNodes starts and stops nodes so that exactly the BCC nodes of
-// Serving partitions are served.
+// reconcileNodes starts and stops the nodes planNodes says, and updates
+// readiness.
 func (c *Coordinator) reconcileNodes(ctx context.Context, now time.Time, served []string) {
-	exists := make(map[string]bool, len(served))
-	var start []string
-	for _, name := range served {
-		exists[name] = true
-		p := PartitionOf(c.cfg.Ring.Partitions, name)
-		if c.own.State(p) == Serving && c.serving.state[name] == nodeAbsent && !now.Before(c.serving.retryAt[name]) {
-			start = append(start, name)
-		}
+	plan := planNodes(nodeInputs{
+		now:            now,
+		partitions:     c.cfg.Ring.Partitions,
+		state:          c.own.State,
+		served:         served,
+		serving:        c.serving,
+		claimsInFlight: c.inFlight.claims,
+		claimsSince:    c.inFlight.claimsSince,
+	})
+	for _, name := range plan.stop {
+		c.serving.state[name] = nodeStopping
+		go func() {
+			c.nodes.StopServingNode(name)
+			c.results <- func() { c.serving.state[name] = nodeAbsent }
+		}()
 	}
-	c.stopNodes(exists)
-	c.startNodes(ctx, now, start)
-	c.updateReady(now, exists)
-}
-
-// stopNodes stops the nodes that are up but no longer to be served.
-func (c *Coordinator) stopNodes(exists map[string]bool) {
 	for name, st := range c.serving.state {
-		p := PartitionOf(c.cfg.Ring.Partitions, name)
-		if st == nodeUp && (c.own.State(p) != Serving || !exists[name]) {
-			c.serving.state[name] = nodeStopping
-			go func() {
-				c.nodes.StopServingNode(name)
-				c.results <- func() { c.serving.state[name] = nodeAbsent }
-			}()
-		}
 		if st == nodeAbsent {
 			delete(c.serving.state, name)
 		}
 	}
-}
-
-// startNodes serves a batch of nodes. Claims won together are served
-// together: one ENI list and one wep read for all (the cloud allows
-// ListENIs about once a second for the whole cluster). Nodes whose claims
-// land after a batch started wait for it to finish and then pay for both
-// reads again, so a batch waits for the claims in flight, up to claimSettle
-// (DESIGN.md, "Serving in batches").
-func (c *Coordinator) startNodes(ctx context.Context, now time.Time, start []string) {
-	settling := c.inFlight.claims > 0 && now.Sub(c.inFlight.claimsSince) < claimSettle
-	if len(start) == 0 || c.serving.starting || settling {
-		return
+	if len(plan.start) > 0 {
+		c.serving.starting = true
+		for _, n := range plan.start {
+			c.serving.state[n] = nodeStarting
+		}
+		go c.serve(ctx, plan.start)
 	}
-	sort.Strings(start)
-	c.serving.starting = true
-	for _, n := range start {
-		c.serving.state[n] = nodeStarting
+	exists := make(map[string]bool, len(served))
+	for _, name := range served {
+		exists[name] = true
 	}
-	go c.serve(ctx, start)
+	c.updateReady(now, exists)
 }
-
-// claimSettle bounds how long nodes already won wait for the claims still
-// in flight before they are served: about the time a cold start's claims
-// take at the default API rate.
-const claimSettle = 4 * time.Second
 
 // serve rebuilds a batch of nodes in one ServeNodes (one VPC-wide ENI list).
 func (c *Coordinator) serve(ctx context.Context, names []string) {

@@ -209,7 +209,7 @@ func (d *driver) allocateRetry(ctx context.Context, target func() string, p pod,
 		}
 		sleep(ctx, 200*time.Millisecond)
 	}
-	return "", fmt.Errorf("allocate %s: %w (last: %v)", p.name, ctx.Err(), last)
+	return "", gaveUp("allocate "+p.name, ctx.Err(), last)
 }
 
 // release frees ip of p (container cid) at a replica picked by target,
@@ -255,7 +255,7 @@ func (d *driver) release(ctx context.Context, target func() string, p pod, cid, 
 		}
 	}
 	d.heldMu.Unlock()
-	return fmt.Errorf("release %s: %w (last: %v)", p.name, rctx.Err(), last)
+	return gaveUp("release "+p.name, rctx.Err(), last)
 }
 
 // Violations returns the invariant violations the driver saw.
@@ -339,4 +339,13 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// gaveUp is the error of a retry loop that ran out of time: the deadline,
+// and the last attempt's error when there was one.
+func gaveUp(what string, deadline, last error) error {
+	if last == nil {
+		return fmt.Errorf("%s: %w", what, deadline)
+	}
+	return fmt.Errorf("%s: %w (last: %w)", what, deadline, last)
 }

@@ -160,8 +160,11 @@ func (c *Cluster) waitFencingEnforced(ctx context.Context, namespace string,
 		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 			return refused(ctx, obj)
 		})
+		if err != nil && lastErr == nil {
+			return fmt.Errorf("fencing policy not enforced (the last probe was accepted): %w", err)
+		}
 		if err != nil {
-			return fmt.Errorf("fencing policy not enforced (last probe: %v): %w", lastErr, err)
+			return fmt.Errorf("fencing policy not enforced (last probe: %w): %w", lastErr, err)
 		}
 	}
 	return nil

@@ -197,8 +197,12 @@ func checks(ctx context.Context, f *fleet.Fleet, o options, step func(string, ..
 	step("checking invariants: unique IPs, pod IP = wep IP = an IP on the node's ENI, no orphan weps")
 	waitCtx, waitCancel := context.WithTimeout(ctx, time.Minute)
 	defer waitCancel()
-	if vs, err := checker.WaitClean(waitCtx, time.Second); err != nil || len(vs) > 0 {
-		return fmt.Errorf("invariants: %v %v", vs, err)
+	vs, err := checker.WaitClean(waitCtx, time.Second)
+	if err != nil {
+		return fmt.Errorf("invariants: %v: %w", vs, err)
+	}
+	if len(vs) > 0 {
+		return fmt.Errorf("invariants: %v", vs)
 	}
 	weps, err := cs.CceV1alpha1().WorkloadEndpoints(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {

@@ -97,7 +97,7 @@ func (f *Fleet) RestartAPIServer(ctx context.Context, downFor time.Duration) err
 		}
 		select {
 		case <-p.Exited():
-			return fmt.Errorf("fleet: restarted kube-apiserver exited: %v\n%s", p.WaitErr(), p.LogTail(30))
+			return fmt.Errorf("fleet: restarted kube-apiserver: %w", p.ExitError())
 		case <-ctx.Done():
 			return fmt.Errorf("fleet: restarted kube-apiserver not serving: %w\n%s", ctx.Err(), p.LogTail(30))
 		case <-time.After(200 * time.Millisecond):

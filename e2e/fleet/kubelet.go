@@ -86,8 +86,7 @@ func (f *Fleet) startKubelet() error {
 		return fmt.Errorf("fleet: kubelet simulator: %w", err)
 	case <-time.After(time.Minute):
 		cancel()
-		<-done
-		return errors.New("fleet: kubelet simulator's informers did not sync within a minute")
+		return errors.Join(errors.New("fleet: kubelet simulator's informers did not sync within a minute"), <-done)
 	}
 	f.kubelet, f.kubeletStop, f.kubeletDone = sim, cancel, done
 	return nil

@@ -237,7 +237,7 @@ func (r *Replica) WaitReady(ctx context.Context) error {
 	for !r.Ready() {
 		select {
 		case <-p.Exited():
-			return fmt.Errorf("replica %d exited (%v) before it was ready:\n%s", r.index, p.WaitErr(), r.Logs(30))
+			return fmt.Errorf("replica %d, before it was ready: %w", r.index, p.ExitError())
 		case <-ctx.Done():
 			return fmt.Errorf("replica %d not ready: %w:\n%s", r.index, ctx.Err(), r.Logs(30))
 		case <-t.C:

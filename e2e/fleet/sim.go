@@ -51,7 +51,7 @@ func (f *Fleet) startSim(ctx context.Context) error {
 	case line := <-p.FirstLine():
 		f.simURL = strings.TrimSpace(line)
 	case <-p.Exited():
-		return fmt.Errorf("fleet: bce-sim exited: %v\n%s", p.WaitErr(), p.LogTail(20))
+		return fmt.Errorf("fleet: %w", p.ExitError())
 	case <-ctx.Done():
 		return fmt.Errorf("fleet: bce-sim printed no address: %w", ctx.Err())
 	}

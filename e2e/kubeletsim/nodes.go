@@ -260,7 +260,10 @@ func (s *Simulator) waitInUse(ctx context.Context, eniID string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("ENI %s not in use after %s (last error: %v)", eniID, s.cfg.AttachTimeout, err)
+			if err != nil {
+				return fmt.Errorf("ENI %s not in use after %s (last error: %w)", eniID, s.cfg.AttachTimeout, err)
+			}
+			return fmt.Errorf("ENI %s not in use after %s: %w", eniID, s.cfg.AttachTimeout, ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -277,7 +280,7 @@ func retryCloud(ctx context.Context, fn func() error) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+			return fmt.Errorf("%w (last error: %w)", ctx.Err(), err)
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 5*time.Second)

@@ -16,7 +16,7 @@ func TestNewContainerID_FreshHex64(t *testing.T) {
 			t.Fatalf("container ID %q: want 64 hex digits, never repeated", id)
 		}
 		for _, c := range id {
-			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
 				t.Fatalf("container ID %q is not hex", id)
 			}
 		}

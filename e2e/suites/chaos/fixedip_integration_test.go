@@ -43,10 +43,10 @@ type fixedSet struct {
 	// reservations, so their next incarnation may get another IP.
 	scaledAway map[string]bool
 	// Counters for the result line.
-	binds, crossReplica, sameReplica, ownerUnknown int
-	keptIP, changedIP, renewedIP                   int
-	deleted                                        int
-	bindErrs                                       int
+	binds, crossReplica, sameReplica int
+	keptIP, changedIP, renewedIP     int
+	deleted                          int
+	bindErrs                         int
 }
 
 type placed struct {

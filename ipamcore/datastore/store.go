@@ -431,9 +431,9 @@ func (s *Store) Surrender(node string, addr netip.Addr, pod PodKey) (IPInfo, err
 	return sl.n.info(r), nil
 }
 
-// Unsettle marks a held address HoldUnsettled: a cloud delete of it had an
-// unclear outcome, and only a later read can tell whether the ENI still has
-// it (see Settle).
+// Unsettle marks a held address HoldUnsettled: a cloud delete of it (a
+// pool trim, a fixed IP leaving the node) had an unclear outcome, and only
+// a later read can tell whether the ENI still has it (see Settle).
 func (s *Store) Unsettle(node string, addr netip.Addr) error {
 	sl, r, err := s.lockHeld(node, addr)
 	if err != nil {

@@ -2,8 +2,11 @@ package ipam_test
 
 import (
 	"errors"
+	"fmt"
+	"net/netip"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
@@ -364,5 +367,95 @@ func TestFast_Allocate_PoolExhaustedAfterAllocateWait(t *testing.T) {
 	if st := w.stats(); st.Assigned != 2 {
 		t.Errorf("assigned = %d, want the 2 earlier pods only", st.Assigned)
 	}
+	w.verify()
+}
+
+// A trim whose BatchDelete has an unclear outcome (a 500 from BCE) keeps the
+// addresses out of the pool, held unsettled in the datastore, until the pool
+// worker's GetENI ReadLag later settles them by the datastore's rule: gone
+// from the ENI (the delete was applied before the 500), they are forgotten;
+// still listed (the 500 came before BCE acted), they return to the pool.
+func TestFast_Trim_UnclearDeleteSettledByReadingTheENI(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name    string
+		fault   bcesim.Faults
+		applied bool
+	}{
+		{
+			name:    "applied",
+			fault:   bcesim.Faults{FailAfterMutation: map[bcesim.Op]int{bcesim.OpBatchDeletePrivateIP: 1000}},
+			applied: true,
+		},
+		{
+			name:    "not applied",
+			fault:   bcesim.Faults{ErrorRate: map[bcesim.Op]float64{bcesim.OpBatchDeletePrivateIP: 1}},
+			applied: false,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			testUnclearTrim(t, c.fault, c.applied)
+		})
+	}
+}
+
+func testUnclearTrim(t *testing.T, fault bcesim.Faults, applied bool) {
+	cfg := fastConfig()
+	cfg.PoolCheckPeriod = 10 * time.Second // the trim runs on the test's clock step
+	w := newFastWorld(t, cfg)
+	var refs []podip.PodRef
+	for k := range 6 {
+		ref := w.createPod(fmt.Sprintf("p%d", k))
+		w.allocate(ref)
+		refs = append(refs, ref)
+	}
+	eniID := w.allocate(w.createPod("stays")).ENIID
+	for _, ref := range refs {
+		if _, ok, err := w.ipam.Release(w.ctx, ref); !ok || err != nil {
+			t.Fatalf("DEL %s = %v, %v", ref.Name, ok, err)
+		}
+	}
+	if err := w.sim.SetFaults(fault); err != nil {
+		t.Fatal(err)
+	}
+	// Past the cooldown and the planner's MinLifetime, and onto the pool
+	// worker's tick: it trims the idle addresses above IdleMax.
+	w.clock.Step(cfg.PoolCheckPeriod)
+	var trimmed []netip.Addr
+	w.waitFor("an unclear trim", func() bool {
+		trimmed = w.heldAs(datastore.HoldUnsettled)
+		return len(trimmed) > 0 && len(w.heldAs(datastore.HoldReleasing)) == 0
+	})
+	if err := w.sim.SetFaults(bcesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range trimmed {
+		if w.cloudHas(eniID, a.String()) == applied {
+			t.Fatalf("%s: on the ENI %v after a delete that was applied=%v", a, !applied, applied)
+		}
+	}
+	// Not before the read lag: nothing is settled yet.
+	w.clock.Step(cfg.ReadLag - time.Second)
+	time.Sleep(20 * time.Millisecond)
+	if got := w.heldAs(datastore.HoldUnsettled); len(got) != len(trimmed) {
+		t.Fatalf("%d of %d unsettled addresses settled before ReadLag", len(trimmed)-len(got), len(trimmed))
+	}
+	w.clock.Step(time.Second)
+	w.waitFor("the settling read", func() bool { return len(w.heldAs(datastore.HoldUnsettled)) == 0 })
+	for _, a := range trimmed {
+		info, err := w.ipam.StoreForTest().LookupIP(a)
+		switch {
+		case applied && !errors.Is(err, datastore.ErrUnknownIP):
+			t.Errorf("%s, deleted in the cloud: record %+v (err %v), want forgotten", a, info, err)
+		case !applied && (err != nil || info.State != datastore.StateIdle):
+			t.Errorf("%s, still on the ENI: record %+v (err %v), want idle", a, info, err)
+		}
+	}
+	// The datastore and the cloud agree again (once any trim the settled
+	// surplus started has finished).
+	w.waitFor("the datastore to match the ENI", func() bool {
+		return len(w.heldAs(datastore.HoldReleasing)) == 0 && w.stats().Total == w.cloudCount(eniID)
+	})
 	w.verify()
 }

@@ -383,3 +383,37 @@ func netipOf(ip string) netip.Addr { return netip.MustParseAddr(ip) }
 // deleteNow deletes an object at once (the fake clientset has no grace
 // periods; the option says what the test means).
 var deleteNow = metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}
+
+// heldAs returns the node's addresses held for reason why.
+func (w *fastWorld) heldAs(why datastore.HoldReason) []netip.Addr {
+	w.t.Helper()
+	snap, err := w.ipam.StoreForTest().Snapshot(w.node)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var out []netip.Addr
+	for _, es := range snap.ENIs {
+		for _, ip := range es.IPs {
+			if ip.State == datastore.StateHeld && ip.HoldReason == why {
+				out = append(out, ip.Addr)
+			}
+		}
+	}
+	return out
+}
+
+// cloudCount is the number of secondary addresses the cloud lists on the ENI.
+func (w *fastWorld) cloudCount(eniID string) int {
+	w.t.Helper()
+	eni, err := w.cloud.GetENI(w.ctx, eniID)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	n := 0
+	for _, p := range eni.PrivateIPs {
+		if !p.Primary {
+			n++
+		}
+	}
+	return n
+}

@@ -29,14 +29,14 @@ func (i *IPAM) poolWorker(ctx context.Context, n *node) {
 	ctx = i.forNode(ctx, n.name)
 	tick := i.deps.Clock.NewTicker(i.cfg.PoolCheckPeriod)
 	defer tick.Stop()
-	unsettled := unsettledTrims{}
+	reads := settleReads{}
 	n.poke() // bring a fresh node up to IdleMin at once
 	for {
 		// Wake for the earliest settling read too: the ticker may be
 		// far away, and unsettled addresses are out of the pool.
 		var settle <-chan time.Time
 		var timer clock.Timer
-		if due, ok := unsettled.next(); ok {
+		if due, ok := reads.next(); ok {
 			timer = i.deps.Clock.NewTimer(max(due.Sub(i.deps.Clock.Now()), 0))
 			settle = timer.C()
 		}
@@ -53,19 +53,19 @@ func (i *IPAM) poolWorker(ctx context.Context, n *node) {
 		if timer != nil {
 			timer.Stop()
 		}
-		i.settleTrims(ctx, n, unsettled)
-		i.balance(ctx, n, unsettled)
+		i.settleTrims(ctx, n, reads)
+		i.balance(ctx, n, reads)
 	}
 }
 
 // balance grows the pool while plans say so and calls succeed, then trims
 // what exceeds IdleMax and returns queued cross-subnet addresses.
-func (i *IPAM) balance(ctx context.Context, n *node, unsettled unsettledTrims) {
+func (i *IPAM) balance(ctx context.Context, n *node, reads settleReads) {
 	for round := 0; round < 10 && ctx.Err() == nil; round++ {
 		if i.mayAct(n.name) != nil {
 			return // the node is moving away; the next owner keeps its pool
 		}
-		st, ok := i.poolState(n)
+		st, ok := i.poolState(n, reads)
 		if !ok {
 			return // the node was dropped
 		}
@@ -73,7 +73,7 @@ func (i *IPAM) balance(ctx context.Context, n *node, unsettled unsettledTrims) {
 		plan := pool.PlanGrow(i.poolCfg, n.capacity, st, n.backoffs(), now)
 		if plan.Need == 0 {
 			if trim := pool.PlanTrim(i.poolCfg, st, now); len(trim) > 0 {
-				i.trim(ctx, n, trim, unsettled)
+				i.trim(ctx, n, trim, reads)
 			}
 			i.returnQueued(ctx, n)
 			return
@@ -115,12 +115,18 @@ func (i *IPAM) tryCreateENI(ctx context.Context, n *node, reason string) bool {
 	return true
 }
 
-func (i *IPAM) poolState(n *node) (pool.NodeState, bool) {
+// poolState is what the planner sees of n. The addresses of this worker's
+// own unclear trims are held unsettled, which the planner counts as idle;
+// they are taken out of that count again: the pool asked for them to go, and
+// the delete most likely went through, so waiting pods must not wait for
+// their settling read.
+func (i *IPAM) poolState(n *node, reads settleReads) (pool.NodeState, bool) {
 	snap, err := i.store.Snapshot(n.name)
 	if err != nil {
 		return pool.NodeState{}, false
 	}
 	st := pool.StateFromSnapshot(snap, i.exhaustedSubnets())
+	st = reads.uncount(st, snap)
 	st.Waiting = n.waiters()
 	if now := i.deps.Clock.Now(); st.Waiting > 0 && now.Before(n.takenOverUntil) {
 		st = pool.UsableNow(st, snap, now)
@@ -208,7 +214,7 @@ func (i *IPAM) addToStore(ctx context.Context, n *node, eniID string, addrs []st
 
 // trim returns planned idle addresses to the cloud. They are held first so
 // that no allocation can take one while the delete is in flight.
-func (i *IPAM) trim(ctx context.Context, n *node, plan []pool.IdleIP, unsettled unsettledTrims) {
+func (i *IPAM) trim(ctx context.Context, n *node, plan []pool.IdleIP, reads settleReads) {
 	byENI := map[string][]netip.Addr{}
 	for _, ip := range plan {
 		byENI[ip.ENIID] = append(byENI[ip.ENIID], ip.Addr)
@@ -218,18 +224,20 @@ func (i *IPAM) trim(ctx context.Context, n *node, plan []pool.IdleIP, unsettled 
 		if err != nil || len(held) == 0 {
 			continue
 		}
-		i.deleteFromCloud(ctx, n, eniID, held, unsettled)
+		i.deleteFromCloud(ctx, n, eniID, held, reads)
 	}
 }
 
 // deleteFromCloud deletes held addresses from the cloud and then forgets
 // them. A failure that certainly changed nothing puts them back into the
 // pool. One whose outcome is unclear (a 5xx, a timeout or reset after the
-// request went out: BCE may have applied the delete) keeps them held out of
-// the pool, recorded in unsettled, until a read of the ENI settles them:
-// handing out an address that is no longer on the ENI would give a pod an
-// IP that does not route, or one the subnet gives to someone else.
-func (i *IPAM) deleteFromCloud(ctx context.Context, n *node, eniID string, held []netip.Addr, unsettled unsettledTrims) {
+// request went out: BCE may have applied the delete) marks them unsettled
+// in the datastore (HoldUnsettled, as an unclear fixed-IP delete or a
+// takeover's unconfirmed address), and reads records the GetENI that
+// settles them ReadLag later (settle.go): handing out an address that is
+// no longer on the ENI would give a pod an IP that does not route, or one
+// the subnet gives to someone else.
+func (i *IPAM) deleteFromCloud(ctx context.Context, n *node, eniID string, held []netip.Addr, reads settleReads) {
 	for chunk := range slices.Chunk(held, cloud.MaxBatchIPs) {
 		err := i.batchDelete(ctx, eniID, chunk)
 		if err == nil {
@@ -256,10 +264,11 @@ func (i *IPAM) deleteFromCloud(ctx context.Context, n *node, eniID string, held 
 		}
 		due := i.deps.Clock.Now().Add(i.cfg.ReadLag)
 		for _, a := range chunk {
-			unsettled[a] = unsettledTrim{
-				eniID: eniID,
-				due:   due,
+			if uerr := i.store.Unsettle(n.name, a); uerr != nil {
+				i.log.Error("could not mark an IP unsettled", "node", n.name, "ip", a, "err", uerr)
+				continue
 			}
+			reads.owe(a, eniID, due)
 		}
 		i.log.Warn("trimming the pool had an unclear outcome; the IPs stay out of the pool until a read of the ENI settles them",
 			"node", n.name, "eni", eniID, "ips", chunk, "class", class.String(), "settle_in", i.cfg.ReadLag, "err", err)
@@ -280,116 +289,6 @@ func deleteNotApplied(err error) bool {
 		return errors.Is(err, cloud.ErrWouldWait)
 	}
 	return false
-}
-
-// An unclear delete's addresses are read back ReadLag after it: a read taken
-// at once could come from a replica that has not seen the delete yet and show
-// an address that is gone. trimSettleRetry spaces the reads while they fail.
-const trimSettleRetry = 15 * time.Second
-
-// unsettledTrim is a trimmed address whose delete had an unclear outcome; it
-// is held (HoldReleasing) until settleTrims reads its ENI at due.
-type unsettledTrim struct {
-	eniID string
-	due   time.Time
-}
-
-// unsettledTrims belongs to one node's pool worker (only its goroutine
-// touches it).
-type unsettledTrims map[netip.Addr]unsettledTrim
-
-// next returns the earliest due time.
-func (u unsettledTrims) next() (time.Time, bool) {
-	var first time.Time
-	for _, x := range u {
-		if first.IsZero() || x.due.Before(first) {
-			first = x.due
-		}
-	}
-	return first, !first.IsZero()
-}
-
-// settleTrims reads the ENIs of the unsettled addresses that are due (one
-// GetENI per ENI) and decides them: still listed, an address goes back to
-// the pool (cooling, as if just released); not listed (or its ENI is gone),
-// it was deleted and is forgotten. An address the store no longer holds
-// (its ENI was dropped) is simply forgotten here.
-func (i *IPAM) settleTrims(ctx context.Context, n *node, unsettled unsettledTrims) {
-	if len(unsettled) == 0 {
-		return
-	}
-	now := i.deps.Clock.Now()
-	byENI := map[string][]netip.Addr{}
-	for a, x := range unsettled {
-		info, err := i.store.LookupIP(a)
-		if err != nil || info.Node != n.name || info.State != datastore.StateHeld || info.HoldReason != datastore.HoldReleasing {
-			delete(unsettled, a)
-			continue
-		}
-		if !x.due.After(now) {
-			byENI[x.eniID] = append(byENI[x.eniID], a)
-		}
-	}
-	if len(byENI) > 0 && (ctx.Err() != nil || i.mayAct(n.name) != nil) {
-		// The node may be moving away (the next owner reads the cloud
-		// afresh), or the lease is at risk: try later, not in a loop.
-		for a, x := range unsettled {
-			if !x.due.After(now) {
-				unsettled[a] = unsettledTrim{
-					eniID: x.eniID,
-					due:   now.Add(trimSettleRetry),
-				}
-			}
-		}
-		return
-	}
-	for eniID, addrs := range byENI {
-		listed := map[netip.Addr]bool{}
-		e, err := i.deps.Cloud.GetENI(ctx, eniID)
-		switch {
-		case err == nil:
-			for _, p := range e.PrivateIPs {
-				if a, perr := netip.ParseAddr(p.Address); perr == nil {
-					listed[a.Unmap()] = true
-				}
-			}
-		case errors.Is(err, cloud.ErrENINotFound):
-			// The ENI is gone, and its addresses with it.
-		default:
-			i.log.Warn("reading an ENI to settle unclear trims failed; will retry", "node", n.name, "eni", eniID,
-				"ips", len(addrs), "retry_in", trimSettleRetry, "err", err)
-			for _, a := range addrs {
-				unsettled[a] = unsettledTrim{
-					eniID: eniID,
-					due:   now.Add(trimSettleRetry),
-				}
-			}
-			continue
-		}
-		back, gone := 0, 0
-		for _, a := range addrs {
-			delete(unsettled, a)
-			if listed[a] {
-				if _, err := i.store.Unhold(n.name, a, nil, i.deps.Clock.Now()); err != nil {
-					i.log.Error("could not return a settled IP to the pool", "node", n.name, "ip", a, "err", err)
-					continue
-				}
-				back++
-				continue
-			}
-			if _, err := i.store.RemoveIP(n.name, a); err != nil {
-				i.log.Error("could not forget a settled IP", "node", n.name, "ip", a, "err", err)
-				continue
-			}
-			gone++
-		}
-		i.metrics.poolReturned.Add(float64(gone))
-		i.log.Info("settled unclear trims by reading the ENI", "node", n.name, "eni", eniID,
-			"back_in_pool", back, "deleted", gone)
-		if back > 0 {
-			n.refill()
-		}
-	}
 }
 
 // queueReturn schedules a cross-subnet address (already forgotten by the

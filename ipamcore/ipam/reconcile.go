@@ -55,7 +55,7 @@ func (i *IPAM) reconcileIPs(ctx context.Context, n *node, inUse []cloud.ENI) {
 				delete(d.absent, ip.Addr)
 				delete(d.warned, ip.Addr)
 				n.mu.Unlock()
-				if wasAbsent && ip.State == datastore.StateHeld && ip.HoldReason == datastore.HoldUnsettled {
+				if wasAbsent && unsettled(ip) {
 					// Held by the read before, listed by this later one:
 					// the later read is the truth.
 					if _, err := i.store.Settle(n.name, ip.Addr, true, since); err == nil {
@@ -107,7 +107,7 @@ func (i *IPAM) reconcileAbsent(n *node, d *ipDrift, ip datastore.IPInfo, now tim
 		if _, err := i.store.Hold(n.name, []netip.Addr{ip.Addr}, datastore.HoldUnsettled); err != nil {
 			i.log.Warn("ENI sync: could not hold an address missing from the cloud", "node", n.name, "ip", ip.Addr, "err", err)
 		}
-	case ip.State == datastore.StateHeld && ip.HoldReason == datastore.HoldUnsettled:
+	case unsettled(ip):
 		if !seen || now.Sub(since) < i.cfg.ReadLag {
 			return 0
 		}

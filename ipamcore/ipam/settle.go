@@ -2,14 +2,20 @@ package ipam
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"time"
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
+	"github.com/cce-ipam/sharded/ipamcore/pool"
 )
 
-// BCE's reads lag its writes. Two places depend on that and live here:
+// BCE's reads lag its writes. An address whose presence on its ENI is in
+// doubt is held in the datastore as HoldUnsettled, never handed out, until a
+// cloud read taken late enough settles it by one rule (Store.Settle): listed
+// on the ENI, it returns to the pool; not listed, it is forgotten. Three
+// sources of doubt, and the read that settles each, live here:
 //
 //   - A takeover builds a node from one ENI list, which may still show an
 //     address the previous owner deleted a moment before it was fenced.
@@ -88,7 +94,7 @@ func (i *IPAM) settleNode(n *node, listed map[netip.Addr]string, coolFrom time.T
 	confirmed := 0
 	for _, es := range snap.ENIs {
 		for _, ip := range es.IPs {
-			if ip.State != datastore.StateHeld || ip.HoldReason != datastore.HoldUnsettled {
+			if !unsettled(ip) {
 				continue
 			}
 			present := listed[ip.Addr] == es.ENI.ID
@@ -109,4 +115,153 @@ func (i *IPAM) settleNode(n *node, listed map[netip.Addr]string, coolFrom time.T
 		n.refill()
 	}
 	n.poke()
+}
+
+// A trim's settling read is taken ReadLag after the unclear delete: a read
+// taken at once could come from a replica that has not seen the delete yet
+// and show an address that is gone. trimSettleRetry spaces the reads while
+// they fail.
+const trimSettleRetry = 15 * time.Second
+
+// settleRead is a GetENI a pool worker owes one of its unclear trims.
+type settleRead struct {
+	eniID string
+	due   time.Time
+}
+
+// settleReads are the reads one node's pool worker owes, by address (only
+// its goroutine touches them). They say when to read which ENI; the
+// addresses' state is the datastore's (HoldUnsettled), so a read that
+// finds an address settled by another path (the ENI sync, a rebuild that
+// dropped it) simply forgets it.
+type settleReads map[netip.Addr]settleRead
+
+func (r settleReads) owe(a netip.Addr, eniID string, due time.Time) {
+	r[a] = settleRead{
+		eniID: eniID,
+		due:   due,
+	}
+}
+
+// next returns the earliest due time.
+func (r settleReads) next() (time.Time, bool) {
+	var first time.Time
+	for _, x := range r {
+		if first.IsZero() || x.due.Before(first) {
+			first = x.due
+		}
+	}
+	return first, !first.IsZero()
+}
+
+// uncount lowers st's per-ENI idle counts by the owed addresses snap still
+// holds unsettled (see poolState).
+func (r settleReads) uncount(st pool.NodeState, snap datastore.NodeSnapshot) pool.NodeState {
+	if len(r) == 0 {
+		return st
+	}
+	owed := map[string]int{}
+	for _, es := range snap.ENIs {
+		for _, ip := range es.IPs {
+			if _, ok := r[ip.Addr]; ok && unsettled(ip) {
+				owed[es.ENI.ID]++
+			}
+		}
+	}
+	enis := make([]pool.ENIState, len(st.ENIs))
+	for k, e := range st.ENIs {
+		e.Idle -= owed[e.ID]
+		enis[k] = e
+	}
+	st.ENIs = enis
+	return st
+}
+
+func unsettled(ip datastore.IPInfo) bool {
+	return ip.State == datastore.StateHeld && ip.HoldReason == datastore.HoldUnsettled
+}
+
+// settleTrims takes the reads that are due (one GetENI per ENI) and settles
+// their addresses by the datastore's rule. While the node may not act the
+// reads wait: it may be moving away (the next owner reads the cloud
+// afresh), or the lease is at risk.
+func (i *IPAM) settleTrims(ctx context.Context, n *node, reads settleReads) {
+	if len(reads) == 0 {
+		return
+	}
+	now := i.deps.Clock.Now()
+	byENI := map[string][]netip.Addr{}
+	for a, x := range reads {
+		info, err := i.store.LookupIP(a)
+		if err != nil || info.Node != n.name || !unsettled(info) {
+			delete(reads, a) // settled, or dropped with its ENI
+			continue
+		}
+		if !x.due.After(now) {
+			byENI[x.eniID] = append(byENI[x.eniID], a)
+		}
+	}
+	if len(byENI) > 0 && (ctx.Err() != nil || i.mayAct(n.name) != nil) {
+		for eniID, addrs := range byENI {
+			for _, a := range addrs {
+				reads.owe(a, eniID, now.Add(trimSettleRetry))
+			}
+		}
+		return
+	}
+	for eniID, addrs := range byENI {
+		listed, err := i.readENIAddrs(ctx, eniID)
+		if err != nil {
+			i.log.Warn("reading an ENI to settle unclear trims failed; will retry", "node", n.name, "eni", eniID,
+				"ips", len(addrs), "retry_in", trimSettleRetry, "err", err)
+			for _, a := range addrs {
+				reads.owe(a, eniID, now.Add(trimSettleRetry))
+			}
+			continue
+		}
+		i.settleRead(n, eniID, addrs, listed, reads)
+	}
+}
+
+// readENIAddrs returns the addresses the cloud lists on eniID; none when
+// the ENI is gone (its addresses went with it).
+func (i *IPAM) readENIAddrs(ctx context.Context, eniID string) (map[netip.Addr]bool, error) {
+	listed := map[netip.Addr]bool{}
+	e, err := i.deps.Cloud.GetENI(ctx, eniID)
+	switch {
+	case err == nil:
+		for _, p := range e.PrivateIPs {
+			if a, perr := netip.ParseAddr(p.Address); perr == nil {
+				listed[a.Unmap()] = true
+			}
+		}
+	case errors.Is(err, cloud.ErrENINotFound):
+	default:
+		return nil, err
+	}
+	return listed, nil
+}
+
+// settleRead settles the owed addresses of one ENI by one read, listed.
+func (i *IPAM) settleRead(n *node, eniID string, addrs []netip.Addr, listed map[netip.Addr]bool, reads settleReads) {
+	now := i.deps.Clock.Now()
+	back, gone := 0, 0
+	for _, a := range addrs {
+		delete(reads, a)
+		if _, err := i.store.Settle(n.name, a, listed[a], now); err != nil {
+			i.log.Error("could not settle an unclear trim", "node", n.name, "ip", a, "listed", listed[a], "err", err)
+			continue
+		}
+		if listed[a] {
+			back++
+		} else {
+			gone++
+		}
+	}
+	i.metrics.poolReturned.Add(float64(gone))
+	i.log.Info("settled unclear trims by reading the ENI", "node", n.name, "eni", eniID,
+		"back_in_pool", back, "deleted", gone)
+	if back > 0 {
+		n.refill()
+	}
 }

@@ -84,8 +84,12 @@ func TestSettleTrimsPostponedWhileFenced(t *testing.T) {
 	if _, err := i.store.Hold(node, []netip.Addr{addr}, datastore.HoldReleasing); err != nil {
 		t.Fatal(err)
 	}
+	if err := i.store.Unsettle(node, addr); err != nil {
+		t.Fatal(err)
+	}
 	n := newNode(node, "i-1", pool.DefaultCapacity())
-	u := unsettledTrims{addr: {eniID: "eni-1", due: clk.Now()}}
+	u := settleReads{}
+	u.owe(addr, "eni-1", clk.Now())
 	i.settleTrims(context.Background(), n, u)
 	if cl.gets != 0 {
 		t.Fatalf("%d GetENI calls while fenced", cl.gets)
@@ -94,7 +98,7 @@ func TestSettleTrimsPostponedWhileFenced(t *testing.T) {
 	if !ok || !due.After(clk.Now()) {
 		t.Fatalf("next settle at %v (ok %v), want after now %v", due, ok, clk.Now())
 	}
-	if info, err := i.store.LookupIP(addr); err != nil || info.State != datastore.StateHeld {
-		t.Fatalf("address %v (err %v), want still held", info, err)
+	if info, err := i.store.LookupIP(addr); err != nil || !unsettled(info) {
+		t.Fatalf("address %v (err %v), want still held unsettled", info, err)
 	}
 }

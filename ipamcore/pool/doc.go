@@ -19,7 +19,9 @@
 //	if plan.NewENI { createENI(node) }
 //	for _, ip := range pool.PlanTrim(cfg, st, now) { ... }
 //	// trimming: held := store.Hold(node, addrs, datastore.HoldReleasing);
-//	// delete only the held ones, then store.RemoveIP (or Unhold on failure).
+//	// delete only the held ones, then store.RemoveIP (Unhold when the delete
+//	// certainly failed, store.Unsettle and a later store.Settle when its
+//	// outcome is unclear).
 //
 // Bounds: the pool grows when idle < MinIdle (+ waiting allocations) and
 // shrinks when idle > MaxIdle (+ waiting); growth never overshoots MaxIdle,

@@ -44,4 +44,7 @@
 // IP, so an IP is never free while a wep still names it. ADD and DEL of the
 // same pod are serialised by a per-pod lock; different pods never wait on
 // each other, and no lock is held across a cloud call.
+//
+// REQUESTS.md lists the API-server requests each CNI call makes, why each is
+// there, and what a removal would need; requests_test.go pins them.
 package ipam

@@ -37,7 +37,7 @@ var _ Provider = (*Client)(nil)
 
 // New validates cfg, loads credentials and returns a Client. It starts no
 // goroutines. logger may be nil; reg may be nil (metrics then go nowhere).
-func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Client, error) {
+func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer, opts ...Option) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("cloud config: %w", err)
 	}
@@ -70,6 +70,9 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Client, e
 	}
 	c.m.rate.Set(cfg.Rate)
 	c.m.burst.Set(float64(cfg.Burst))
+	for _, o := range opts {
+		o(c)
+	}
 	return c, nil
 }
 
@@ -160,17 +163,20 @@ type urgentKey struct{}
 // ordinary call (see urgentThrottleRetries).
 func Urgent(ctx context.Context) context.Context { return context.WithValue(ctx, urgentKey{}, true) }
 
-// SetGate installs a check made before every attempt, before and after the
+// Option adds something a Client is built with.
+type Option func(*Client)
+
+// WithGate installs a check made before every attempt, before and after the
 // token wait: while it returns an error no request is sent (the call fails
 // with class Canceled). The shard layer closes the gate of a replica whose
-// lease is at risk, so a paused or cut-off replica spends none of the
-// cluster's budget. nil removes the gate.
-func (c *Client) SetGate(gate func() error) {
-	if gate == nil {
-		c.gate.Store(nil)
-		return
+// lease is at risk or that holds no share of the budget, so a paused or
+// cut-off replica spends none of the cluster's budget.
+func WithGate(gate func() error) Option {
+	return func(c *Client) {
+		if gate != nil {
+			c.gate.Store(&gate)
+		}
 	}
-	c.gate.Store(&gate)
 }
 
 // mayAttempt is the check before an HTTP attempt and before its token

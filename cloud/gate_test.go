@@ -17,7 +17,7 @@ func TestGate_ClosedSendsNothing(t *testing.T) {
 	ctx := context.Background()
 	before := e.srv.Stats().Ops[bcesim.OpListENIs].Calls
 	fenced := errors.New("lease at risk")
-	e.client.SetGate(func() error { return fenced })
+	e.setGate(func() error { return fenced })
 	_, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC})
 	if cloud.ClassOf(err) != cloud.ClassCanceled || !errors.Is(err, fenced) {
 		t.Fatalf("gated call: %v (class %v), want Canceled wrapping the gate's reason", err, cloud.ClassOf(err))
@@ -25,7 +25,7 @@ func TestGate_ClosedSendsNothing(t *testing.T) {
 	if got := e.srv.Stats().Ops[bcesim.OpListENIs].Calls; got != before {
 		t.Fatalf("a gated call reached the cloud: %d calls, want %d", got, before)
 	}
-	e.client.SetGate(nil)
+	e.setGate(nil)
 	if _, err := e.client.ListENIs(ctx, cloud.ListENIsOptions{VPCID: testVPC}); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package cloud_test
 
 import (
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,6 +32,17 @@ type env struct {
 	// instances
 	i4g   string // 2 vCPU, 4 GB: 2 ENIs, 8 IPs per ENI
 	i128g string // 16 vCPU, 128 GB: 8 ENIs, 40 IPs per ENI
+	// gate is what the client's gate asks (nil: open).
+	gate atomic.Pointer[func() error]
+}
+
+// setGate makes the client's gate ask g; nil opens it.
+func (e *env) setGate(g func() error) {
+	if g == nil {
+		e.gate.Store(nil)
+		return
+	}
+	e.gate.Store(&g)
 }
 
 type envOpts struct {
@@ -108,7 +120,13 @@ func newEnv(t *testing.T, o envOpts) *env {
 		cc.ThrottleBackoff = time.Millisecond
 	}
 	e.reg = prometheus.NewRegistry()
-	cl, err := cloud.New(cc, slog.New(slog.DiscardHandler), e.reg)
+	// The client's gate is fixed at construction; tests swap what it asks.
+	cl, err := cloud.New(cc, slog.New(slog.DiscardHandler), e.reg, cloud.WithGate(func() error {
+		if g := e.gate.Load(); g != nil {
+			return (*g)()
+		}
+		return nil
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,7 +94,7 @@ func TestServerRetry_RechecksGateAndHonoursRetries(t *testing.T) {
 
 	before = calls()
 	fenced := errors.New("lease at risk")
-	e.client.SetGate(func() error {
+	e.setGate(func() error {
 		if calls() > before {
 			return fenced // closes once the first attempt reached BCE
 		}

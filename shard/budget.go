@@ -51,6 +51,8 @@ type budgetPeers interface {
 	LeaseValid() bool
 	peerExpired(m string, now time.Time) bool
 	peerVersion(m string) string
+	// recordShare tells the cloud gate whether a share is held now.
+	recordShare(held bool)
 }
 
 // budgetDeps are the budget's connections and settings.
@@ -95,6 +97,12 @@ var errNoShare = errors.New("no share of the BCE budget yet")
 
 // held reports whether the replica may spend cloud calls: it holds a
 // published, non-zero share, or there is no budget to split.
+// recordHeldLocked tells the cloud gate whether a share is held now; under
+// b.mu, so the gate sees the changes in the order they happen.
+func (b *budget) recordHeldLocked() {
+	b.peers.recordShare(b.setter == nil || b.granted && b.share.Rate > 0)
+}
+
 func (b *budget) held() bool {
 	if b.setter == nil {
 		return true
@@ -320,6 +328,7 @@ func (b *budget) confirmExpired(ctx context.Context, m string) bool {
 func (b *budget) revoke() {
 	b.mu.Lock()
 	b.share, b.granted = Share{}, false
+	b.recordHeldLocked()
 	b.mu.Unlock()
 	b.metrics.rate.Set(0)
 	b.metrics.burst.Set(0)
@@ -356,6 +365,7 @@ func (b *budget) set(s Share, granted bool) {
 	b.mu.Lock()
 	changed := b.share != s || b.granted != granted
 	b.share, b.granted = s, granted
+	b.recordHeldLocked()
 	b.mu.Unlock()
 	b.metrics.rate.Set(s.Rate)
 	b.metrics.burst.Set(float64(s.Burst))

@@ -200,6 +200,9 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 		log:          log,
 		metrics:      m.budget,
 	})
+	c.budget.mu.Lock()
+	c.budget.recordHeldLocked() // no budget to split: never gated for want of a share
+	c.budget.mu.Unlock()
 	c.leaseInformers = informers.NewSharedInformerFactoryWithOptions(deps.Kube, 0,
 		informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = labelKind }))
@@ -239,17 +242,8 @@ func (c *Coordinator) FenceToken(node string) (ipam.FenceToken, time.Time, error
 // RouteOf is Fence.RouteOf.
 func (c *Coordinator) RouteOf(node string) Route { return c.fence.RouteOf(node) }
 
-// Gate is the cloud client's gate: calls go only while the replica's lease
-// is valid and it holds a published share.
-func (c *Coordinator) Gate() error {
-	if !c.fence.LeaseValid() {
-		return errors.New("replica lease not valid")
-	}
-	if !c.budget.held() {
-		return errNoShare
-	}
-	return nil
-}
+// Gate is Fence.Gate.
+func (c *Coordinator) Gate() error { return c.fence.Gate() }
 
 // Budget returns this replica's current share.
 func (c *Coordinator) Budget() Share { return c.budget.current() }

@@ -9,11 +9,13 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 )
 
 // ErrNotOwner is the (retryable) refusal of a call for a node this replica
-// does not serve; its text travels in forwarded replies.
-var ErrNotOwner = errors.New("not the owner of the node")
+// does not serve. It is a podip.ErrNotHere, so the CNI server marks it in
+// the reply's trailer and a forwarding replica routes the call again.
+var ErrNotOwner = podip.NotHere("not the owner of the node")
 
 // snapshot is the ownership loop's state as the CNI path, the cloud gate,
 // the router and /shard/status need it, at one moment. It is immutable
@@ -62,6 +64,9 @@ type Fence struct {
 	renewDeadline time.Duration
 	clock         clock.PassiveClock
 	snap          atomic.Pointer[snapshot]
+	// shareHeld: this replica holds a share of the BCE budget (or there is
+	// no budget to split); written by the budget, read by Gate.
+	shareHeld atomic.Bool
 }
 
 var (
@@ -111,6 +116,22 @@ func (f *Fence) peerExpired(m string, now time.Time) bool {
 func (f *Fence) peerVersion(m string) string {
 	return f.load().peers[m].version
 }
+
+// Gate is the cloud client's gate (cloud.WithGate): an attempt goes out only
+// while the replica's lease is valid and it holds a share of the budget. The
+// Fence is built before the cloud client, so the client gets it at
+// construction.
+func (f *Fence) Gate() error {
+	if !f.LeaseValid() {
+		return errors.New("replica lease not valid")
+	}
+	if !f.shareHeld.Load() {
+		return errNoShare
+	}
+	return nil
+}
+
+func (f *Fence) recordShare(held bool) { f.shareHeld.Store(held) }
 
 // LeaseValid reports whether this replica's lease is valid now: the gate of
 // every cloud call and write.

@@ -2,10 +2,17 @@ package shard
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/cce-ipam/sharded/ipamcore/cni"
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
@@ -63,17 +70,26 @@ func FuzzVerify(f *testing.F) {
 	})
 }
 
-func TestRemoteError_KeepsNotOwnerRetryable(t *testing.T) {
-	for _, msg := range []string{
-		"AllocateIP ns/p (abc): not the owner of the node: no replica serves node n yet; retry",
-		"AllocateIP ns/p (abc): node not served by this replica: n",
+// A peer's refusal is retried because of its kind, marked in the trailer,
+// never because of its text; the local refusals are retried by kind too.
+func TestRetryable_ByKindNotText(t *testing.T) {
+	notHere := metadata.Pairs(cni.RefusalTrailer, cni.RefusalNotHere)
+	for name, tc := range map[string]struct {
+		err  error
+		want bool
+	}{
+		"peer refusal marked not-here":  {cni.RefusalError(notHere, "AllocateIP ns/p (abc): no replica serves node n yet"), true},
+		"peer text without the trailer": {cni.RefusalError(nil, "AllocateIP ns/p (abc): not the owner of the node"), false},
+		"peer failure":                  {cni.RefusalError(metadata.MD{}, "AllocateIP ns/p (abc): no idle IP on the node"), false},
+		"not the owner here":            {fmt.Errorf("%w: partition 3 is draining here", ErrNotOwner), true},
+		"node not served by the IPAM":   {fmt.Errorf("%w: n", ipam.ErrNodeNotServed), true},
+		"fenced IPAM write":             {fmt.Errorf("commit: %w", ipam.ErrFenced), true},
+		"owner unreachable":             {status.Error(codes.Unavailable, "connection refused"), true},
+		"ordinary failure":              {errors.New("no idle IP on the node"), false},
 	} {
-		if err := remoteError(msg); !retryable(err) {
-			t.Errorf("%q: not retryable", msg)
+		if got := retryable(tc.err); got != tc.want {
+			t.Errorf("%s: retryable(%v) = %v, want %v", name, tc.err, got, tc.want)
 		}
-	}
-	if err := remoteError("AllocateIP ns/p (abc): no idle IP on the node"); retryable(err) {
-		t.Errorf("an ordinary failure became retryable: %v", err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cce-ipam/sharded/ipamcore/cni"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
@@ -52,24 +53,28 @@ func (r *Router) freeMovedIP(ctx context.Context, node, namespace, name string, 
 	if r.mover == nil {
 		return fmt.Errorf("%w: this replica cannot move fixed IPs", ErrNotOwner)
 	}
-	ref := cni.PodRef{Namespace: namespace, Name: name, Node: node, ContainerID: movePrefix + addr.String() + "@" + eniID}
+	ref := podip.PodRef{Namespace: namespace, Name: name, Node: node, ContainerID: movePrefix + addr.String() + "@" + eniID}
 	_, _, err := r.route(ctx, methodMove, node, ref,
-		func(ctx context.Context) (cni.Endpoint, bool, error) {
-			return cni.Endpoint{}, true, r.mover.FreeMovedIP(ctx, node, namespace, name, addr, eniID)
+		func(ctx context.Context) (podip.Endpoint, bool, error) {
+			return podip.Endpoint{}, true, r.mover.FreeMovedIP(ctx, node, namespace, name, addr, eniID)
 		},
-		func(ctx context.Context, c rpc.CNIBackendClient) (cni.Endpoint, bool, error) {
+		func(ctx context.Context, c rpc.CNIBackendClient) (podip.Endpoint, bool, error) {
 			ctx = metadata.AppendToOutgoingContext(ctx, headerMove, "1")
+			var trailer metadata.MD
 			reply, err := c.ReleaseIP(ctx, &rpc.ReleaseIPRequest{
-				K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID,
-				K8SNodeName: node, IPType: rpc.IPType_BCCMultiENIMultiIPType,
-			})
+				K8SPodName:             ref.Name,
+				K8SPodNamespace:        ref.Namespace,
+				K8SPodInfraContainerID: ref.ContainerID,
+				K8SNodeName:            node,
+				IPType:                 rpc.IPType_BCCMultiENIMultiIPType,
+			}, grpc.Trailer(&trailer))
 			if err != nil {
-				return cni.Endpoint{}, false, err
+				return podip.Endpoint{}, false, err
 			}
 			if !reply.GetIsSuccess() {
-				return cni.Endpoint{}, false, remoteError(reply.GetErrMsg())
+				return podip.Endpoint{}, false, cni.RefusalError(trailer, reply.GetErrMsg())
 			}
-			return cni.Endpoint{}, true, nil
+			return podip.Endpoint{}, true, nil
 		})
 	return err
 }
@@ -103,6 +108,7 @@ func (r *Router) serveMove(ctx context.Context, req any) (any, error) {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	if err := r.freeMovedIP(ctx, rel.GetK8SNodeName(), rel.GetK8SPodNamespace(), rel.GetK8SPodName(), addr, eniID); err != nil {
+		cni.MarkRefusal(ctx, err)
 		return &rpc.ReleaseIPReply{IsSuccess: false, ErrMsg: err.Error()}, nil
 	}
 	return &rpc.ReleaseIPReply{IsSuccess: true}, nil

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -17,21 +16,21 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cce-ipam/sharded/ipamcore/cni"
-	"github.com/cce-ipam/sharded/ipamcore/ipam"
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
 // Locator finds the node a call is about (ipam.IPAM implements it).
 type Locator interface {
-	PodNode(ctx context.Context, ref cni.PodRef) (string, error)
-	EndpointNode(ctx context.Context, ref cni.PodRef) (string, bool, error)
+	PodNode(ctx context.Context, ref podip.PodRef) (string, error)
+	EndpointNode(ctx context.Context, ref podip.PodRef) (string, bool, error)
 	// NodeGone and ReleaseOnDeletedNode serve a DEL for a node that no
 	// longer exists (no replica owns it, so it cannot be routed).
 	NodeGone(ctx context.Context, node string) bool
-	ReleaseOnDeletedNode(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, error)
+	ReleaseOnDeletedNode(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error)
 }
 
-// Router is the cni.Backend of a sharded replica: a call for a node this
+// Router is the podip.Backend of a sharded replica: a call for a node this
 // replica serves goes to the local IPAM; one for a node another live replica
 // holds is forwarded there in one authenticated hop; one for a node nobody
 // holds right now (a hand-over) waits up to OwnerWait, then fails with a
@@ -40,7 +39,7 @@ type Router struct {
 	routes    Routes
 	self      string
 	ownerWait time.Duration
-	local     cni.Backend
+	local     podip.Backend
 	locator   Locator
 	mover     Mover // serves fixed-IP moves for this replica's nodes (move.go); nil: none
 	auth      *Authenticator
@@ -52,7 +51,7 @@ type Router struct {
 	conns map[string]*grpc.ClientConn
 }
 
-var _ cni.Backend = (*Router)(nil)
+var _ podip.Backend = (*Router)(nil)
 
 // Routes answers where a call for a node goes now (Fence implements it).
 type Routes interface {
@@ -66,7 +65,7 @@ type RouterDeps struct {
 	// Routes is this replica's routing table (the Coordinator's Fence).
 	Routes Routes
 	// Local serves the calls for this replica's own nodes.
-	Local cni.Backend
+	Local podip.Backend
 	// Locator finds a call's node; when it is a Mover too, it frees fixed
 	// IPs moved away from this replica's nodes.
 	Locator Locator
@@ -110,85 +109,95 @@ func (r *Router) Close() {
 	}
 }
 
-// Allocate implements cni.Backend.
-func (r *Router) Allocate(ctx context.Context, ref cni.PodRef) (cni.Endpoint, error) {
+// Allocate implements podip.Backend.
+func (r *Router) Allocate(ctx context.Context, ref podip.PodRef) (podip.Endpoint, error) {
 	node, err := r.locator.PodNode(ctx, ref)
 	if err != nil {
-		return cni.Endpoint{}, err // an unknown or unbound pod: nothing to route
+		return podip.Endpoint{}, err // an unknown or unbound pod: nothing to route
 	}
 	ep, _, err := r.route(ctx, methodAllocate, node, ref,
-		func(ctx context.Context) (cni.Endpoint, bool, error) {
+		func(ctx context.Context) (podip.Endpoint, bool, error) {
 			ep, err := r.local.Allocate(ctx, ref)
 			return ep, err == nil, err
 		},
-		func(ctx context.Context, c rpc.CNIBackendClient) (cni.Endpoint, bool, error) {
+		func(ctx context.Context, c rpc.CNIBackendClient) (podip.Endpoint, bool, error) {
+			var trailer metadata.MD
 			reply, err := c.AllocateIP(ctx, &rpc.AllocateIPRequest{
-				K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID,
-				K8SNodeName: ref.Node, IPType: rpc.IPType_BCCMultiENIMultiIPType,
-			})
+				K8SPodName:             ref.Name,
+				K8SPodNamespace:        ref.Namespace,
+				K8SPodInfraContainerID: ref.ContainerID,
+				K8SNodeName:            ref.Node,
+				IPType:                 rpc.IPType_BCCMultiENIMultiIPType,
+			}, grpc.Trailer(&trailer))
 			if err != nil {
-				return cni.Endpoint{}, false, err
+				return podip.Endpoint{}, false, err
 			}
 			if !reply.GetIsSuccess() {
-				return cni.Endpoint{}, false, remoteError(reply.GetErrMsg())
+				return podip.Endpoint{}, false, cni.RefusalError(trailer, reply.GetErrMsg())
 			}
 			return fromWire(reply.GetENIMultiIP()), true, nil
 		})
 	return ep, err
 }
 
-// Release implements cni.Backend. The node comes from the pod's wep: the
+// Release implements podip.Backend. The node comes from the pod's wep: the
 // pod may already be gone.
-func (r *Router) Release(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, error) {
+func (r *Router) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
 	node, ok, err := r.locator.EndpointNode(ctx, ref)
 	if err != nil {
-		return cni.Endpoint{}, false, err
+		return podip.Endpoint{}, false, err
 	}
 	if !ok {
-		return cni.Endpoint{}, false, nil // nothing to free anywhere
+		return podip.Endpoint{}, false, nil // nothing to free anywhere
 	}
-	local := func(ctx context.Context) (cni.Endpoint, bool, error) { return r.local.Release(ctx, ref) }
+	local := func(ctx context.Context) (podip.Endpoint, bool, error) { return r.local.Release(ctx, ref) }
 	if r.locator.NodeGone(ctx, node) {
 		// Nobody serves a deleted node, but its partition has a holder, and
 		// only the holder's writes carry the fencing token the API server
 		// accepts for the node's weps: the release goes there too.
-		local = func(ctx context.Context) (cni.Endpoint, bool, error) { return r.locator.ReleaseOnDeletedNode(ctx, ref) }
+		local = func(ctx context.Context) (podip.Endpoint, bool, error) {
+			return r.locator.ReleaseOnDeletedNode(ctx, ref)
+		}
 	}
 	return r.route(ctx, methodRelease, node, ref, local,
-		func(ctx context.Context, c rpc.CNIBackendClient) (cni.Endpoint, bool, error) {
+		func(ctx context.Context, c rpc.CNIBackendClient) (podip.Endpoint, bool, error) {
+			var trailer metadata.MD
 			reply, err := c.ReleaseIP(ctx, &rpc.ReleaseIPRequest{
-				K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID,
-				K8SNodeName: ref.Node, IPType: rpc.IPType_BCCMultiENIMultiIPType,
-			})
+				K8SPodName:             ref.Name,
+				K8SPodNamespace:        ref.Namespace,
+				K8SPodInfraContainerID: ref.ContainerID,
+				K8SNodeName:            ref.Node,
+				IPType:                 rpc.IPType_BCCMultiENIMultiIPType,
+			}, grpc.Trailer(&trailer))
 			if err != nil {
-				return cni.Endpoint{}, false, err
+				return podip.Endpoint{}, false, err
 			}
 			if !reply.GetIsSuccess() {
-				return cni.Endpoint{}, false, remoteError(reply.GetErrMsg())
+				return podip.Endpoint{}, false, cni.RefusalError(trailer, reply.GetErrMsg())
 			}
 			if reply.GetENIMultiIP() == nil {
-				return cni.Endpoint{}, false, nil
+				return podip.Endpoint{}, false, nil
 			}
 			return fromWire(reply.GetENIMultiIP()), true, nil
 		})
 }
 
-// Check implements cni.Backend: the wep is the record, any replica can
+// Check implements podip.Backend: the wep is the record, any replica can
 // answer it.
-func (r *Router) Check(ctx context.Context, ref cni.PodRef) (cni.Endpoint, bool, error) {
+func (r *Router) Check(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
 	return r.local.Check(ctx, ref)
 }
 
 // route runs a call where its node is served, waiting while it has no owner.
-func (r *Router) route(ctx context.Context, method, node string, ref cni.PodRef,
-	local func(context.Context) (cni.Endpoint, bool, error),
-	remote func(context.Context, rpc.CNIBackendClient) (cni.Endpoint, bool, error),
-) (cni.Endpoint, bool, error) {
-	gone := func() (cni.Endpoint, bool, error) {
+func (r *Router) route(ctx context.Context, method, node string, ref podip.PodRef,
+	local func(context.Context) (podip.Endpoint, bool, error),
+	remote func(context.Context, rpc.CNIBackendClient) (podip.Endpoint, bool, error),
+) (podip.Endpoint, bool, error) {
+	gone := func() (podip.Endpoint, bool, error) {
 		if method == methodRelease {
 			return r.locator.ReleaseOnDeletedNode(ctx, ref)
 		}
-		return cni.Endpoint{}, false, fmt.Errorf("node %s no longer exists", node)
+		return podip.Endpoint{}, false, fmt.Errorf("node %s no longer exists", node)
 	}
 	from, forwarded := forwardedFrom(ctx)
 	wait := r.ownerWait
@@ -231,7 +240,7 @@ func (r *Router) route(ctx context.Context, method, node string, ref cni.PodRef,
 			if lastErr != nil {
 				msg += " (last: " + lastErr.Error() + ")"
 			}
-			return cni.Endpoint{}, false, fmt.Errorf("%w: %s", ErrNotOwner, msg)
+			return podip.Endpoint{}, false, fmt.Errorf("%w: %s", ErrNotOwner, msg)
 		}
 		waited = true
 		select {
@@ -248,12 +257,12 @@ func (r *Router) waited(waited bool, err error) {
 }
 
 // forward sends the call to the owner, signed.
-func (r *Router) forward(ctx context.Context, method string, rt Route, ref cni.PodRef,
-	remote func(context.Context, rpc.CNIBackendClient) (cni.Endpoint, bool, error),
-) (cni.Endpoint, bool, error) {
+func (r *Router) forward(ctx context.Context, method string, rt Route, ref podip.PodRef,
+	remote func(context.Context, rpc.CNIBackendClient) (podip.Endpoint, bool, error),
+) (podip.Endpoint, bool, error) {
 	conn, err := r.conn(rt.GRPC)
 	if err != nil {
-		return cni.Endpoint{}, false, fmt.Errorf("%w: %v", ErrNotOwner, err)
+		return podip.Endpoint{}, false, fmt.Errorf("%w: %v", ErrNotOwner, err)
 	}
 	req := &rpc.AllocateIPRequest{K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID}
 	ctx = metadata.AppendToOutgoingContext(ctx, headerForward, r.auth.Sign(method, req, r.self))
@@ -283,26 +292,12 @@ func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
 	return c, nil
 }
 
-// errRemoteNotOwner marks a forwarded reply saying the peer does not serve
-// the node (any more): the caller re-routes.
-var errRemoteNotOwner = errors.New("the forward target does not serve the node")
-
-// remoteError turns a forwarded reply's ErrMsg back into an error, keeping
-// "not the owner" retryable.
-func remoteError(msg string) error {
-	for _, e := range []error{ErrNotOwner, ipam.ErrNodeNotServed, ipam.ErrFenced} {
-		if strings.Contains(msg, e.Error()) {
-			return fmt.Errorf("%w: %s", errRemoteNotOwner, msg)
-		}
-	}
-	return errors.New(msg)
-}
-
-// retryable: the node is (momentarily) not served where we asked, or the
-// owner could not be reached; routing again may find the right place.
+// retryable: the node is (momentarily) not served where we asked — here
+// (ErrNotOwner, the IPAM's refusals) or at the peer (its refusal, typed by
+// the trailer: cni.RefusalError) — or the owner could not be reached; routing
+// again may find the right place.
 func retryable(err error) bool {
-	if errors.Is(err, ipam.ErrNodeNotServed) || errors.Is(err, ipam.ErrFenced) ||
-		errors.Is(err, ErrNotOwner) || errors.Is(err, errRemoteNotOwner) {
+	if errors.Is(err, podip.ErrNotHere) {
 		return true
 	}
 	// Transport errors (the owner died mid-call) come back as gRPC status
@@ -310,11 +305,11 @@ func retryable(err error) bool {
 	return status.Code(err) == codes.Unavailable
 }
 
-func fromWire(w *rpc.ENIMultiIPReply) cni.Endpoint {
+func fromWire(w *rpc.ENIMultiIPReply) podip.Endpoint {
 	if w == nil {
-		return cni.Endpoint{}
+		return podip.Endpoint{}
 	}
-	return cni.Endpoint{
+	return podip.Endpoint{
 		IP: w.GetIP(), Type: w.GetType(), MAC: w.GetMac(), Gateway: w.GetGw(), ENIID: w.GetENIID(),
 		Node: w.GetNode(), SubnetID: w.GetSubnetID(), EnableFixIP: w.GetEnableFixIP(), FixIPDeletePolicy: w.GetFixIPDeletePolicy(),
 	}

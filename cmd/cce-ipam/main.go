@@ -205,10 +205,11 @@ func newKubeClients(o options, log *slog.Logger) (kubeClients, error) {
 	}, nil
 }
 
-// newReplica builds the components in dependency order: the cloud client
-// and gossip first, then the leader election (and the Subnet controller it
-// runs), the fence, the IPAM (fenced by it), the coordinator (which
-// publishes the fence and drives the IPAM), the router, the servers.
+// newReplica builds the components in dependency order: gossip (which names
+// the replica) first, then the fence, the cloud client (gated by it), the
+// leader election (and the Subnet controller it runs), the IPAM (fenced by
+// it), the coordinator (which publishes the fence and drives the IPAM), the
+// router, the servers.
 func newReplica(o options, log *slog.Logger) (_ *replica, err error) {
 	start := time.Now()
 	r := &replica{log: log}
@@ -230,19 +231,21 @@ func newReplica(o options, log *slog.Logger) (_ *replica, err error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if r.provider, err = cloud.New(o.cloud, log.With("component", "cloud"), reg); err != nil {
-		return nil, err
-	}
 	if r.members, err = membership.New(o.members, start, log.With("component", "membership"), reg); err != nil {
 		return nil, err
 	}
 	self := r.members.Name()
 	r.log = log.With("member", self)
+	// The fence first: the cloud client asks its gate before every attempt.
+	fence := shard.NewFence(o.shard, self, clock.RealClock{})
+	if r.provider, err = cloud.New(o.cloud, log.With("component", "cloud"), reg, cloud.WithGate(fence.Gate)); err != nil {
+		return nil, err
+	}
 	leaderName, err := r.newElector(o, clients, self, reg)
 	if err != nil {
 		return nil, err
 	}
-	if err := r.newShard(o, clients, self, addrs, reg); err != nil {
+	if err := r.newShard(o, clients, self, addrs, fence, reg); err != nil {
 		return nil, err
 	}
 	r.newServers(o, leaderName, reg)
@@ -292,11 +295,10 @@ func (r *replica) newElector(o options, clients kubeClients, self string, reg pr
 	return leaderName, err
 }
 
-// newShard builds the fence, the IPAM it fences, the coordinator that
-// publishes it and the router in front of the IPAM.
-func (r *replica) newShard(o options, clients kubeClients, self string, addrs shard.Addresses, reg prometheus.Registerer) error {
-	clk := clock.RealClock{}
-	fence := shard.NewFence(o.shard, self, clk)
+// newShard builds the IPAM the fence fences, the coordinator that publishes
+// the fence and the router in front of the IPAM.
+func (r *replica) newShard(o options, clients kubeClients, self string, addrs shard.Addresses, fence *shard.Fence,
+	reg prometheus.Registerer) error {
 	var err error
 	r.core, err = ipam.New(o.ipam, ipam.Deps{
 		Kube:      clients.kube,
@@ -315,7 +317,7 @@ func (r *replica) newShard(o options, clients kubeClients, self string, addrs sh
 		Nodes:        r.core,
 		NodeInformer: r.core.NodeInformer(),
 		Fence:        fence,
-		Clock:        clk,
+		Clock:        clock.RealClock{},
 		Budget:       r.provider,
 		GlobalRate:   o.cloud.Rate,
 		GlobalBurst:  o.cloud.Burst,
@@ -333,9 +335,6 @@ func (r *replica) newShard(o options, clients kubeClients, self string, addrs sh
 	if err != nil {
 		return err
 	}
-	// A setter, as cloud.New takes no gate yet: the gate needs the budget
-	// share the coordinator negotiates for the very client it gates.
-	r.provider.SetGate(r.coord.Gate)
 	key, err := forwardKey(o, r.log)
 	if err != nil {
 		return err

@@ -23,6 +23,10 @@ const (
 	RefusalNotHere = "not-here"
 )
 
+// MarkRefusal is setRefusalTrailer for a handler that answers a call
+// without this server (the shard router's fixed-IP moves).
+func MarkRefusal(ctx context.Context, err error) { setRefusalTrailer(ctx, err) }
+
 // setRefusalTrailer marks a failed call's kind on the wire. Outside a gRPC
 // call (a direct method call in tests) there is no trailer to set, and the
 // reply is the same either way, so that failure is ignored.

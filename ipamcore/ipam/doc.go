@@ -46,5 +46,6 @@
 // each other, and no lock is held across a cloud call.
 //
 // REQUESTS.md lists the API-server requests each CNI call makes, why each is
-// there, and what a removal would need; requests_test.go pins them.
+// there, and what a removal would need; requests_test.go and
+// requests_integration_test.go pin them.
 package ipam

@@ -12,63 +12,77 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cce-ipam/sharded/ipamcore/cni"
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
 	"github.com/cce-ipam/sharded/ipamcore/podip"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 	"github.com/cce-ipam/sharded/shard"
 )
 
-// The API-server requests each CNI call makes today, counted on the fake
-// clientsets' action logs while the call runs the whole path of the replica
-// that serves the node: the gRPC service (cni.Server), the shard router and
-// the IPAM. REQUESTS.md says why each request is there and whether it could
-// go. The lists are exact, so a change that adds a request fails here; one
-// that removes a request must update the list and REQUESTS.md.
+// The API-server requests each CNI call makes today, counted while the call
+// runs the whole path of the replica that serves the node: the gRPC service
+// (cni.Server), the shard router and the IPAM. REQUESTS.md says why each
+// request is there and whether it could go. The lists are exact, so a change
+// that adds a request fails here; one that removes a request must update the
+// lists and REQUESTS.md. The fast tests count on the fake clientsets' action
+// logs; the integration tier (requests_integration_test.go) counts the same
+// lists on the wire to a real API server.
 func TestFast_Requests_PerCNICall(t *testing.T) {
 	t.Parallel()
 	w := newFastWorld(t, fastConfig())
 	w.waitIdle(2)
-	srv := w.cniServer()
-	ref := w.createPod("web-0")
-
-	w.expectRequests("warm ADD", []string{"create workloadendpoints"}, func() { w.cniAdd(srv, ref) })
-	w.expectRequests("repeated ADD", []string{"get workloadendpoints"}, func() { w.cniAdd(srv, ref) })
-	w.expectRequests("CheckIP", []string{"get workloadendpoints"}, func() { w.cniCheck(srv, ref) })
-	w.expectRequests("DEL", []string{
-		"get workloadendpoints",    // router: EndpointNode
-		"get workloadendpoints",    // Release: the wep, fresh
-		"update workloadendpoints", // deleteWEP: drop the finalizer
-		"delete workloadendpoints", // deleteWEP
-	}, func() { w.cniDel(srv, ref) })
-	w.expectRequests("repeated DEL", []string{"get workloadendpoints"}, func() { w.cniDel(srv, ref) })
+	requestsPerCNICall(t, routedCNIServer(t, w.ipam), w.createPod("web-0"), w.expectRequests)
 }
 
-// A fixed-IP StatefulSet pod: its first ADD looks for a reservation, a new
-// sandbox on the same node takes the reserved wep over, and its DEL only
-// stamps the wep (the IP stays reserved).
 func TestFast_Requests_FixedIPCNICalls(t *testing.T) {
 	t.Parallel()
 	w := newFastWorld(t, fastConfig())
 	w.waitIdle(2)
-	srv := w.cniServer()
-	ref := w.createStsPod("db", 0, 1)
+	requestsFixedIPCNICalls(t, routedCNIServer(t, w.ipam), w.createStsPod("db", 0, 1), w.expectRequests)
+}
 
-	w.expectRequests("fixed-IP ADD", []string{
+// expectFunc runs call and checks that it made the API-server requests want,
+// in order, as "verb resource".
+type expectFunc func(what string, want []string, call func())
+
+// requestsPerCNICall is an ordinary pod's life: ADD from a warm pool (its pod
+// already in the node's pod watch), the same ADD again, CheckIP, DEL, and the
+// same DEL again.
+func requestsPerCNICall(t *testing.T, srv *cni.Server, ref podip.PodRef, expect expectFunc) {
+	t.Helper()
+	expect("warm ADD", []string{"create workloadendpoints"}, func() { cniAdd(t, srv, ref) })
+	expect("repeated ADD", []string{"get workloadendpoints"}, func() { cniAdd(t, srv, ref) })
+	expect("CheckIP", []string{"get workloadendpoints"}, func() { cniCheck(t, srv, ref) })
+	expect("DEL", []string{
+		"get workloadendpoints",    // router: EndpointNode
+		"get workloadendpoints",    // Release: the wep, fresh
+		"update workloadendpoints", // deleteWEP: drop the finalizer
+		"delete workloadendpoints", // deleteWEP
+	}, func() { cniDel(t, srv, ref) })
+	expect("repeated DEL", []string{"get workloadendpoints"}, func() { cniDel(t, srv, ref) })
+}
+
+// requestsFixedIPCNICalls is a fixed-IP StatefulSet pod: its first ADD looks
+// for a reservation, its DEL only stamps the wep (the IP stays reserved), and
+// a new sandbox on the same node takes the reserved wep over.
+func requestsFixedIPCNICalls(t *testing.T, srv *cni.Server, ref podip.PodRef, expect expectFunc) {
+	t.Helper()
+	expect("fixed-IP ADD", []string{
 		"get workloadendpoints", // takeFixedIP: a reservation? (none)
 		"create workloadendpoints",
-	}, func() { w.cniAdd(srv, ref) })
-	w.expectRequests("fixed-IP DEL", []string{
+	}, func() { cniAdd(t, srv, ref) })
+	expect("fixed-IP DEL", []string{
 		"get workloadendpoints",    // router: EndpointNode
 		"get workloadendpoints",    // Release
 		"update workloadendpoints", // stamp UpdateAt (and the fencing token)
-	}, func() { w.cniDel(srv, ref) })
+	}, func() { cniDel(t, srv, ref) })
 	next := ref
-	next.ContainerID = sandboxID(ref.Name, 2)
-	w.expectRequests("fixed-IP ADD of a new sandbox", []string{
+	next.ContainerID += "-next"
+	expect("fixed-IP ADD of a new sandbox", []string{
 		"get workloadendpoints",    // takeFixedIP: the reservation
 		"create workloadendpoints", // commit: AlreadyExists
 		"get workloadendpoints",    // commit: the existing wep's resourceVersion
 		"update workloadendpoints", // commit: take it over
-	}, func() { w.cniAdd(srv, next) })
+	}, func() { cniAdd(t, srv, next) })
 }
 
 // localRoutes routes every node to this replica, as the routing table does
@@ -77,16 +91,16 @@ type localRoutes struct{}
 
 func (localRoutes) RouteOf(string) shard.Route { return shard.Route{Local: true} }
 
-// cniServer is the replica's CNI path in front of the world's IPAM.
-func (w *fastWorld) cniServer() *cni.Server {
+// routedCNIServer is a replica's CNI path in front of ip.
+func routedCNIServer(t *testing.T, ip *ipam.IPAM) *cni.Server {
 	router := shard.NewRouter(shard.RouterDeps{
 		Self:      "replica-0",
 		Routes:    localRoutes{},
-		Local:     w.ipam,
-		Locator:   w.ipam,
+		Local:     ip,
+		Locator:   ip,
 		OwnerWait: time.Second,
 	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	w.t.Cleanup(router.Close)
+	t.Cleanup(router.Close)
 	return cni.NewServer(cni.DefaultConfig(), router, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 }
 
@@ -102,8 +116,13 @@ func (w *fastWorld) expectRequests(what string, want []string, call func()) {
 	for _, a := range append(w.kube.Actions()[kubeBefore:], w.cce.Actions()[cceBefore:]...) {
 		got = append(got, requestName(a))
 	}
+	checkRequests(w.t, what, got, want)
+}
+
+func checkRequests(t *testing.T, what string, got, want []string) {
+	t.Helper()
 	if !slices.Equal(got, want) {
-		w.t.Errorf("%s made %d API-server requests %q, want %d %q", what, len(got), got, len(want), want)
+		t.Errorf("%s made %d API-server requests %q, want %d %q", what, len(got), got, len(want), want)
 	}
 }
 
@@ -115,8 +134,8 @@ func requestName(a k8stesting.Action) string {
 	return s
 }
 
-func (w *fastWorld) cniAdd(srv *cni.Server, ref podip.PodRef) {
-	w.t.Helper()
+func cniAdd(t *testing.T, srv *cni.Server, ref podip.PodRef) {
+	t.Helper()
 	reply, err := srv.AllocateIP(context.Background(), &rpc.AllocateIPRequest{
 		K8SPodName:             ref.Name,
 		K8SPodNamespace:        ref.Namespace,
@@ -125,12 +144,12 @@ func (w *fastWorld) cniAdd(srv *cni.Server, ref podip.PodRef) {
 		IPType:                 rpc.IPType_BCCMultiENIMultiIPType,
 	})
 	if err != nil || !reply.GetIsSuccess() {
-		w.t.Fatalf("AllocateIP %s: %v %s", ref, err, reply.GetErrMsg())
+		t.Fatalf("AllocateIP %s: %v %s", ref, err, reply.GetErrMsg())
 	}
 }
 
-func (w *fastWorld) cniDel(srv *cni.Server, ref podip.PodRef) {
-	w.t.Helper()
+func cniDel(t *testing.T, srv *cni.Server, ref podip.PodRef) {
+	t.Helper()
 	reply, err := srv.ReleaseIP(context.Background(), &rpc.ReleaseIPRequest{
 		K8SPodName:             ref.Name,
 		K8SPodNamespace:        ref.Namespace,
@@ -139,12 +158,12 @@ func (w *fastWorld) cniDel(srv *cni.Server, ref podip.PodRef) {
 		IPType:                 rpc.IPType_BCCMultiENIMultiIPType,
 	})
 	if err != nil || !reply.GetIsSuccess() {
-		w.t.Fatalf("ReleaseIP %s: %v %s", ref, err, reply.GetErrMsg())
+		t.Fatalf("ReleaseIP %s: %v %s", ref, err, reply.GetErrMsg())
 	}
 }
 
-func (w *fastWorld) cniCheck(srv *cni.Server, ref podip.PodRef) {
-	w.t.Helper()
+func cniCheck(t *testing.T, srv *cni.Server, ref podip.PodRef) {
+	t.Helper()
 	reply, err := srv.CheckIP(context.Background(), &rpc.CheckIPRequest{
 		K8SPodName:             ref.Name,
 		K8SPodNamespace:        ref.Namespace,
@@ -152,6 +171,6 @@ func (w *fastWorld) cniCheck(srv *cni.Server, ref podip.PodRef) {
 		K8SNodeName:            ref.Node,
 	})
 	if err != nil || !reply.GetIsSuccess() || !strings.Contains(reply.String(), ref.Node) {
-		w.t.Fatalf("CheckIP %s: %v %s", ref, err, reply.GetErrMsg())
+		t.Fatalf("CheckIP %s: %v %s", ref, err, reply.GetErrMsg())
 	}
 }

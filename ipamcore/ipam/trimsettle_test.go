@@ -102,3 +102,43 @@ func TestSettleTrimsPostponedWhileFenced(t *testing.T) {
 		t.Fatalf("address %v (err %v), want still held unsettled", info, err)
 	}
 }
+
+// The pool planner does not count the addresses of the worker's own unclear
+// trims as idle (the datastore's HoldUnsettled alone would): they were
+// trimmed as surplus and are most likely gone, so the pool grows for
+// waiting pods instead of waiting for the settling read.
+func TestPoolStateUncountsOwnUnclearTrims(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC))
+	cfg := DefaultConfig()
+	cfg.ClusterID, cfg.VPCID = "c", "vpc-1"
+	i, err := New(cfg, Deps{Kube: fake.NewClientset(), CCE: ccefake.NewSimpleClientset(),
+		Cloud: &countingCloud{}, Clock: clk}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const node = "n1"
+	trimmed, other := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.0.0.6")
+	if err := i.store.AddNode(node); err != nil {
+		t.Fatal(err)
+	}
+	if err := i.store.AddENI(node, datastore.ENI{ID: "eni-1", SubnetID: "sbn-1", PrimaryIP: netip.MustParseAddr("10.0.0.2")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := i.store.AddIPs(node, "eni-1", []netip.Addr{trimmed, other}, clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []netip.Addr{trimmed, other} {
+		if _, err := i.store.Hold(node, []netip.Addr{a}, datastore.HoldUnsettled); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := newNode(node, "i-1", pool.DefaultCapacity())
+	reads := settleReads{}
+	if st, _ := i.poolState(n, reads); st.Idle() != 2 {
+		t.Fatalf("idle = %d with no owed reads, want 2 (unsettled counts as idle)", st.Idle())
+	}
+	reads.owe(trimmed, "eni-1", clk.Now().Add(cfg.ReadLag))
+	if st, _ := i.poolState(n, reads); st.Idle() != 1 {
+		t.Fatalf("idle = %d with the trim's read owed, want 1", st.Idle())
+	}
+}

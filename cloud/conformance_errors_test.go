@@ -156,8 +156,12 @@ func TestConformance_BadSignatureKeepsSecretsOutOfErrors(t *testing.T) {
 
 func TestConformance_CredentialsFromSecretDir(t *testing.T) {
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, cloud.AccessKeyIDFile), []byte(testAK+"\n"), 0o600)
-	os.WriteFile(filepath.Join(dir, cloud.SecretAccessKeyFile), []byte(testSK+"\n"), 0o600)
+	if err := os.WriteFile(filepath.Join(dir, cloud.AccessKeyIDFile), []byte(testAK+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, cloud.SecretAccessKeyFile), []byte(testSK+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	e := newEnv(t, envOpts{client: cloud.Config{CredentialsDir: dir}})
 	if _, err := e.client.GetInstance(context.Background(), e.i4g); err != nil {
 		t.Fatalf("signed with keys from %s: %v", dir, err)

@@ -76,7 +76,7 @@ func TestClassify_Table(t *testing.T) {
 				t.Fatalf("errors.Is(%v, %v) = false", e, tc.is)
 			}
 			for _, other := range []error{ErrRateLimit, ErrENINotFound, ErrSubnetHasNoMoreIP} {
-				if other != tc.is && errors.Is(e, other) {
+				if !errors.Is(other, tc.is) && errors.Is(e, other) {
 					t.Fatalf("%v also matches %v", e, other)
 				}
 			}

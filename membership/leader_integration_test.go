@@ -4,6 +4,7 @@ package membership
 
 import (
 	"context"
+	"errors"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -76,7 +77,10 @@ func TestElector_OneLeaderThenQuickHandover(t *testing.T) {
 		t.Cleanup(func() {
 			cancel()
 			select {
-			case <-c.done:
+			case err := <-c.done:
+				if err != nil && !errors.Is(err, context.Canceled) {
+					t.Errorf("Run of %s: %v", identity, err)
+				}
 			case <-time.After(15 * time.Second):
 				t.Errorf("Run of %s did not return", identity)
 			}
@@ -206,7 +210,10 @@ func TestElector_LostLeaseStopsDutyAndCampaignsAgain(t *testing.T) {
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-done:
+		case err := <-done:
+			if err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("Run: %v", err)
+			}
 		case <-time.After(15 * time.Second):
 			t.Error("Run did not return")
 		}

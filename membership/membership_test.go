@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cce-ipam/sharded/e2e/freeport"
 )
@@ -345,7 +344,7 @@ func gauge(t *testing.T, n *testNode, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			var m *dto.Metric = mf.GetMetric()[0]
+			m := mf.GetMetric()[0]
 			return m.GetGauge().GetValue()
 		}
 	}

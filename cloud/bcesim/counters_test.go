@@ -30,8 +30,8 @@ func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 func TestServer_StatsCountEveryRequest(t *testing.T) {
 	w := startWorld(t, bcesim.Config{})
 	c := newSDK(t, w.url, testAK, testSK)
-	ct := &countingTransport{next: c.eni.BceClient.HTTPClient.Transport}
-	c.eni.BceClient.HTTPClient.Transport = ct
+	ct := &countingTransport{next: c.eni.HTTPClient.Transport}
+	c.eni.HTTPClient.Transport = ct
 
 	id := createENI(t, c, w, "c-abc/i-big/node1/abcdef")
 	list := func() { _, _ = c.eni.ListEni(&eni.ListEniArgs{VpcId: testVPC}) }
@@ -69,9 +69,9 @@ func TestServer_StatsCountEveryRequest(t *testing.T) {
 	if err := w.srv.SetFaults(bcesim.Faults{LatencyMs: map[bcesim.Op]int{bcesim.OpGetENI: 500}}); err != nil {
 		t.Fatal(err)
 	}
-	c.eni.BceClient.HTTPClient.Timeout = 100 * time.Millisecond
+	c.eni.HTTPClient.Timeout = 100 * time.Millisecond
 	_, _ = c.eni.GetEniDetail(id)
-	c.eni.BceClient.HTTPClient.Timeout = 0
+	c.eni.HTTPClient.Timeout = 0
 	if err := w.srv.SetFaults(bcesim.Faults{}); err != nil {
 		t.Fatal(err)
 	}

@@ -19,10 +19,17 @@ func fuzzServer(t *testing.T) (*Server, string) {
 		t.Fatal(err)
 	}
 	w := s.world
-	sn, _ := w.AddSubnet(t0, SubnetSpec{ID: "sbn-a", ZoneName: "a", CIDR: "10.0.0.0/28", VPCID: "vpc"})
-	w.AddSubnet(t0, SubnetSpec{ID: "sbn-b", ZoneName: "a", CIDR: "10.0.1.0/29", VPCID: "vpc"})
-	w.AddSecurityGroup(t0, SecurityGroupSpec{ID: "g", VPCID: "vpc"})
-	w.AddInstance(t0, InstanceSpec{ID: "i-1", SubnetID: sn, CPUCount: 2, MemoryGB: 4, SecurityGroupIDs: []string{"g"}})
+	must := func(_ string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	sn, err := w.AddSubnet(t0, SubnetSpec{ID: "sbn-a", ZoneName: "a", CIDR: "10.0.0.0/28", VPCID: "vpc"})
+	must(sn, err)
+	must(w.AddSubnet(t0, SubnetSpec{ID: "sbn-b", ZoneName: "a", CIDR: "10.0.1.0/29", VPCID: "vpc"}))
+	must(w.AddSecurityGroup(t0, SecurityGroupSpec{ID: "g", VPCID: "vpc"}))
+	must(w.AddInstance(t0, InstanceSpec{ID: "i-1", SubnetID: sn, CPUCount: 2, MemoryGB: 4, SecurityGroupIDs: []string{"g"}}))
 	id, err := w.CreateENI(t0, CreateENIInput{Name: "c/i-1/n/000000", SubnetID: sn, SecurityGroupIDs: []string{"g"}, PrivateIPs: []IPRequest{{Primary: true}}})
 	if err != nil {
 		t.Fatal(err)

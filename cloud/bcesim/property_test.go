@@ -118,7 +118,7 @@ func TestProperty_ConcurrentSDKOps(t *testing.T) {
 				if err != nil {
 					var se *bce.BceServiceError
 					if !errors.As(err, &se) {
-						fatal <- fmt.Errorf("worker %d op %d: not a service error: %v", g, i, err)
+						fatal <- fmt.Errorf("worker %d op %d: not a service error: %w", g, i, err)
 						return
 					}
 					code = se.Code
@@ -128,7 +128,7 @@ func TestProperty_ConcurrentSDKOps(t *testing.T) {
 				mu.Unlock()
 				if i%100 == 0 {
 					if err := w.srv.Check(); err != nil {
-						fatal <- fmt.Errorf("worker %d op %d: %v", g, i, err)
+						fatal <- fmt.Errorf("worker %d op %d: %w", g, i, err)
 						return
 					}
 				}

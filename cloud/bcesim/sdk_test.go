@@ -57,12 +57,11 @@ func newSDK(t testing.TB, endpoint, ak, sk string) *sdk {
 
 // world is a started simulator with one VPC, two subnets, security group and instances.
 type world struct {
-	srv                *bcesim.Server
-	url                string
-	subnet, subnet2    string
-	sg                 string
-	small, big, tiny   string // instances: 2 CPU/4 GB, 16 CPU/128 GB, 1 CPU/1 GB
-	smallIPCap, bigCap int
+	srv              *bcesim.Server
+	url              string
+	subnet, subnet2  string
+	sg               string
+	small, big, tiny string // instances: 2 CPU/4 GB, 16 CPU/128 GB, 1 CPU/1 GB
 }
 
 const (

@@ -27,10 +27,10 @@ func TestIPPool_ExactAccounting(t *testing.T) {
 	if p.free != 5 {
 		t.Fatalf("a /29 has %d free, want 8-3=5", p.free)
 	}
-	if err := p.allocExact(netip.MustParseAddr("10.0.0.1")); err != errInUse {
+	if err := p.allocExact(netip.MustParseAddr("10.0.0.1")); !errors.Is(err, errInUse) {
 		t.Fatalf("gateway allocatable: %v", err)
 	}
-	if err := p.allocExact(netip.MustParseAddr("10.0.1.1")); err != errOutOfRange {
+	if err := p.allocExact(netip.MustParseAddr("10.0.1.1")); !errors.Is(err, errOutOfRange) {
 		t.Fatalf("out of range: %v", err)
 	}
 	seen := map[netip.Addr]bool{}
@@ -41,7 +41,7 @@ func TestIPPool_ExactAccounting(t *testing.T) {
 		}
 		seen[a] = true
 	}
-	if _, err := p.allocAny(); err != errExhausted || p.free != 0 {
+	if _, err := p.allocAny(); !errors.Is(err, errExhausted) || p.free != 0 {
 		t.Fatalf("exhausted pool: %v free=%d", err, p.free)
 	}
 	if !p.release(netip.MustParseAddr("10.0.0.4")) || p.release(netip.MustParseAddr("10.0.0.4")) || p.release(netip.MustParseAddr("10.0.0.1")) {

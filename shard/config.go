@@ -125,7 +125,8 @@ func (c Config) Validate() error {
 	// over after LeaseDuration on theirs. A quarter of the duration is the
 	// least margin we accept for clock-rate drift and watch delay.
 	if c.RenewDeadline > c.LeaseDuration*3/4 {
-		errs = append(errs, fmt.Errorf("shard: renew deadline %s must be at most 3/4 of the lease duration %s", c.RenewDeadline, c.LeaseDuration))
+		errs = append(errs, fmt.Errorf("shard: renew deadline %s must be at most 3/4 of the lease duration %s", c.RenewDeadline,
+			c.LeaseDuration))
 	}
 	if c.RenewPeriod*2 > c.RenewDeadline {
 		errs = append(errs, fmt.Errorf("shard: renew period %s must allow two renewals within the renew deadline %s",

@@ -60,7 +60,7 @@ func checkMemberName(m string) error {
 		return fmt.Errorf("shard: member name %q is empty or too long", m)
 	}
 	for _, r := range m {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '.') {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' && r != '.' {
 			return fmt.Errorf("shard: member name %q must be lower-case letters, digits, '-' and '.'", m)
 		}
 	}

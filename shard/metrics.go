@@ -54,7 +54,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 				"fenced (stopped because the lease was at risk or the claim was lost).",
 		}, []string{"reason"}),
 		handoverDuration: f.NewHistogram(prometheus.HistogramOpts{
-			Name: "cce_ipam_shard_handover_duration_seconds", Help: "From the ring giving this replica a partition until its nodes are served.",
+			Name:    "cce_ipam_shard_handover_duration_seconds",
+			Help:    "From the ring giving this replica a partition until its nodes are served.",
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 12),
 		}),
 		balancePublished: f.NewCounter(prometheus.CounterOpts{
@@ -99,7 +100,8 @@ func newRouterMetrics(reg prometheus.Registerer) routerMetrics {
 	f := promauto.With(reg)
 	return routerMetrics{
 		forwarded: f.NewCounterVec(prometheus.CounterOpts{
-			Name: "cce_ipam_shard_forwarded_requests_total", Help: "CNI calls forwarded to the owning replica, by result (ok, error, not_owner).",
+			Name: "cce_ipam_shard_forwarded_requests_total",
+			Help: "CNI calls forwarded to the owning replica, by result (ok, error, not_owner).",
 		}, []string{"result"}),
 		ownerWaits: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_shard_owner_waits_total",

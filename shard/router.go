@@ -262,7 +262,7 @@ func (r *Router) forward(ctx context.Context, method string, rt Route, ref podip
 ) (podip.Endpoint, bool, error) {
 	conn, err := r.conn(rt.GRPC)
 	if err != nil {
-		return podip.Endpoint{}, false, fmt.Errorf("%w: %v", ErrNotOwner, err)
+		return podip.Endpoint{}, false, fmt.Errorf("%w: %w", ErrNotOwner, err)
 	}
 	req := &rpc.AllocateIPRequest{K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID}
 	ctx = metadata.AppendToOutgoingContext(ctx, headerForward, r.auth.Sign(method, req, r.self))

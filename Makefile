@@ -32,12 +32,15 @@ tools:
 	@e2e/tools/build.sh $(BIN)
 	@charts/tools/install-prometheus.sh
 
-## lint: gofmt and go vet must be clean (also with the integration tag).
+## lint: gofmt, go vet and golangci-lint (.golangci.yml, pinned, built into bin/) must be clean; the
+## integration-tagged files are linted too.
 lint:
+	@e2e/tools/build.sh $(BIN) lint >/dev/null
 	@unformatted=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags $(INTEGRATION_TAGS) ./...
+	$(BIN)/golangci-lint run ./...
 
 fmt:
 	gofmt -w $$(git ls-files -co --exclude-standard '*.go')
@@ -73,7 +76,7 @@ demo: tools binaries
 clean:
 	rm -rf $(BIN)
 
-## chart (issue #7): the Helm chart, its docs and the container image.
+## chart: the Helm chart, its docs and the container image.
 IMAGE       ?= cce-ipam:$(shell awk '/^appVersion:/ {gsub(/"/, "", $$2); print $$2}' charts/cce-ipam/Chart.yaml)
 IMAGE_SIM   ?= cce-ipam-bce-sim:$(lastword $(subst :, ,$(IMAGE)))
 CHART       := charts/cce-ipam
@@ -96,7 +99,7 @@ helm-lint: tools
 	$(BIN)/helm lint $(CHART)
 	@for f in $(CHART)/ci/*-values.yaml; do echo "helm lint -f $$f"; $(BIN)/helm lint $(CHART) -f $$f || exit 1; done
 
-## e2e (issue #6): suites on the local control plane, chaos, and the kind path.
+## e2e: suites on the local control plane, chaos, and the kind path.
 E2E_CHAOS_DURATION ?= 10m
 E2E_CHAOS_SEED     ?= 1
 .PHONY: e2e e2e-chaos e2e-kind
@@ -114,7 +117,7 @@ e2e-chaos: tools binaries
 e2e-kind: tools
 	e2e/kind/run.sh
 
-## bench (issue #8): the benchmark report, bench/results/<date>/report.md (short) or report-long.md, with plots.
+## bench: the benchmark report, bench/results/<date>/report.md (short) or report-long.md, with plots.
 ## bench: short profile (≤ 15 min on two cores); bench-long: 1,000 and 3,000 nodes (long).
 .PHONY: bench bench-long
 BENCH_ARGS ?=

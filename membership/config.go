@@ -19,11 +19,12 @@ const DefaultPort = 7946
 // Config configures one replica's gossip membership. Every replica of a
 // cluster uses the same gossip key and timings.
 type Config struct {
-	// BindAddr is the IP address gossip listens on. Defaults to 0.0.0.0.
+	// BindAddr is the IP address gossip listens on. The flag defaults to
+	// 0.0.0.0.
 	BindAddr string
 	// BindPort is the TCP and UDP port gossip listens on; 0 picks a free
 	// port (tests), readable from LocalAddr once Run has started.
-	// Defaults to 7946 (set by RegisterFlags; the zero value means "any").
+	// The flag defaults to 7946.
 	BindPort int
 	// AdvertiseAddr is the IP address other replicas reach this one at
 	// (the pod IP). Defaults to the bind address, or a private address of
@@ -34,7 +35,8 @@ type Config struct {
 	AdvertisePort int
 	// NamePrefix starts this replica's member name (the pod name); a random
 	// suffix is appended so that every process has a unique name, even a
-	// restarted StatefulSet pod with a new IP. Defaults to the host name.
+	// restarted StatefulSet pod with a new IP. The flag defaults to the host
+	// name.
 	NamePrefix string
 	// JoinSeeds are host:port addresses of replicas to join. Host names are
 	// resolved on every attempt.
@@ -44,19 +46,20 @@ type Config struct {
 	// that appear later are found. The port defaults to the advertised port.
 	JoinDNS string
 	// JoinInterval is how often the replica tries again to join every seed
-	// and DNS address that is not yet a live member. Defaults to 10s.
+	// and DNS address that is not yet a live member. The flag defaults to 10s.
 	JoinInterval time.Duration
 	// GossipKeyFile holds the base64 encoding of a 16, 24 or 32 byte AES key
 	// that encrypts all gossip. Empty means unencrypted (logged as a warning).
 	GossipKeyFile string
 	// ClusterLabel is put on every gossip packet; replicas with another
 	// label ignore each other (a second cluster on the same network).
-	// Defaults to "cce-ipam".
+	// The flag defaults to "cce-ipam"; empty puts no label on packets.
 	ClusterLabel string
-	// LeaveTimeout bounds the graceful leave on shutdown. Defaults to 5s.
+	// LeaveTimeout bounds the graceful leave on shutdown. The flag defaults
+	// to 5s.
 	LeaveTimeout time.Duration
 
-	// Failure detection; zero values keep memberlist's LAN defaults
+	// Failure detection; the flags default to memberlist's LAN profile
 	// (probe 1s, probe timeout 500ms, suspicion multiplier 4, gossip 200ms,
 	// push/pull 30s, TCP timeout 10s). The WAN profile is never used.
 	ProbeInterval    time.Duration
@@ -66,7 +69,7 @@ type Config struct {
 	PushPullInterval time.Duration
 	TCPTimeout       time.Duration
 	// DeadNodeReclaimTime lets a name whose member died be taken by a new
-	// address after this long. Defaults to 30s.
+	// address after this long (zero: at once). The flag defaults to 30s.
 	DeadNodeReclaimTime time.Duration
 
 	// GRPCAddr is the host:port this replica's gRPC service is reached at by
@@ -84,8 +87,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 		"IP address other replicas use to reach this one (usually the pod IP; default: a private address of this host)")
 	fs.IntVar(&c.AdvertisePort, "memberlist-advertise-port", 0,
 		"gossip port other replicas use to reach this one (default: the bound port)")
-	fs.StringVar(&c.NamePrefix, "memberlist-name-prefix", "",
-		"member name prefix, usually the pod name; a random suffix makes the name unique per process (default: host name)")
+	fs.StringVar(&c.NamePrefix, "memberlist-name-prefix", hostName(),
+		"member name prefix, usually the pod name; a random suffix makes the name unique per process")
 	fs.StringSliceVar(&c.JoinSeeds, "memberlist-join", nil,
 		"host:port of replicas to join (repeatable or comma-separated); host names are resolved on every attempt")
 	fs.StringVar(&c.JoinDNS, "memberlist-join-dns", "",
@@ -114,34 +117,25 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 		"host:port of this replica's gRPC service as other replicas reach it (advertised in gossip meta; required)")
 }
 
-func (c *Config) defaults() {
-	if c.BindAddr == "" {
-		c.BindAddr = "0.0.0.0"
+// hostName is the default member name prefix: the host (pod) name, or
+// "cce-ipam" where the host has none.
+func hostName() string {
+	if h, err := os.Hostname(); err == nil && h != "" {
+		return h
 	}
-	if c.NamePrefix == "" {
-		c.NamePrefix, _ = os.Hostname()
-		if c.NamePrefix == "" {
-			c.NamePrefix = "cce-ipam"
-		}
-	}
-	if c.JoinInterval == 0 {
-		c.JoinInterval = 10 * time.Second
-	}
-	if c.ClusterLabel == "" {
-		c.ClusterLabel = "cce-ipam"
-	}
-	if c.LeaveTimeout == 0 {
-		c.LeaveTimeout = 5 * time.Second
-	}
-	if c.DeadNodeReclaimTime == 0 {
-		c.DeadNodeReclaimTime = 30 * time.Second
-	}
+	return "cce-ipam"
 }
 
-// Validate reports a config that cannot work, after defaults are applied.
-// It does not read the gossip key file; New does, and fails on a bad key.
+// DefaultConfig is the configuration the flags default to.
+func DefaultConfig() Config {
+	var c Config
+	c.RegisterFlags(pflag.NewFlagSet("defaults", pflag.ContinueOnError))
+	return c
+}
+
+// Validate reports a config that cannot work. It does not read the gossip
+// key file; New does, and fails on a bad key.
 func (c Config) Validate() error {
-	c.defaults()
 	var errs []error
 	if net.ParseIP(c.BindAddr) == nil {
 		errs = append(errs, fmt.Errorf("bind address %q is not an IP address", c.BindAddr))
@@ -162,11 +156,17 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("join DNS name %q: %w", c.JoinDNS, err))
 		}
 	}
-	if c.JoinInterval < 0 || c.LeaveTimeout < 0 || c.ProbeInterval < 0 || c.ProbeTimeout < 0 ||
-		c.GossipInterval < 0 || c.PushPullInterval < 0 || c.TCPTimeout < 0 || c.DeadNodeReclaimTime < 0 || c.SuspicionMult < 0 {
-		errs = append(errs, errors.New("intervals, timeouts and multipliers must not be negative"))
+	if c.JoinInterval <= 0 || c.LeaveTimeout <= 0 || c.ProbeInterval <= 0 || c.ProbeTimeout <= 0 ||
+		c.GossipInterval <= 0 || c.PushPullInterval <= 0 || c.TCPTimeout <= 0 || c.SuspicionMult <= 0 {
+		errs = append(errs, errors.New("intervals, timeouts and multipliers must be positive"))
 	}
-	if c.ProbeInterval > 0 && c.ProbeTimeout > c.ProbeInterval {
+	if c.DeadNodeReclaimTime < 0 {
+		errs = append(errs, errors.New("the dead-node reclaim time must not be negative"))
+	}
+	if c.NamePrefix == "" {
+		errs = append(errs, errors.New("member name prefix is required"))
+	}
+	if c.ProbeTimeout > c.ProbeInterval {
 		errs = append(errs, errors.New("probe timeout must not exceed the probe interval"))
 	}
 	if len(c.ClusterLabel) > 255 {

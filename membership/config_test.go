@@ -35,6 +35,22 @@ func TestConfig_RegisterFlags(t *testing.T) {
 	}
 }
 
+// The defaults live in RegisterFlags only; DefaultConfig is exactly what the
+// flags give, and valid once the one required field is set.
+func TestConfig_DefaultsAreTheFlags(t *testing.T) {
+	var flags Config
+	flags.RegisterFlags(pflag.NewFlagSet("t", pflag.ContinueOnError))
+	def := DefaultConfig()
+	if def.JoinInterval != flags.JoinInterval || def.DeadNodeReclaimTime != 30*time.Second || def.NamePrefix == "" ||
+		def.ProbeInterval != time.Second || def.SuspicionMult != 4 || def.ClusterLabel != "cce-ipam" {
+		t.Fatalf("DefaultConfig = %+v, want the flag defaults", def)
+	}
+	def.GRPCAddr = "10.0.0.9:9090"
+	if err := def.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestConfig_Validate(t *testing.T) {
 	ok := fastConfig("ipam-a")
 	for name, tc := range map[string]struct {
@@ -47,7 +63,9 @@ func TestConfig_Validate(t *testing.T) {
 		"bind not an IP":    {func(c *Config) { c.BindAddr = "localhost" }, "bind address"},
 		"bad seed":          {func(c *Config) { c.JoinSeeds = []string{"10.0.0.1"} }, "join seed"},
 		"bad DNS port":      {func(c *Config) { c.JoinDNS = "svc:x" }, "join DNS"},
-		"negative interval": {func(c *Config) { c.JoinInterval = -1 }, "must not be negative"},
+		"negative interval": {func(c *Config) { c.JoinInterval = -1 }, "must be positive"},
+		"zero timeout":      {func(c *Config) { c.TCPTimeout = 0 }, "must be positive"},
+		"no name prefix":    {func(c *Config) { c.NamePrefix = "" }, "name prefix is required"},
 		"probe timeout":     {func(c *Config) { c.ProbeTimeout = time.Second }, "probe timeout"},
 	} {
 		c := ok
@@ -59,11 +77,19 @@ func TestConfig_Validate(t *testing.T) {
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	for name, l := range map[string]LeaderConfig{
-		"no namespace":         {},
-		"lease ≤ renew":        {Namespace: "ns", LeaseDuration: 2 * time.Second, RenewDeadline: 2 * time.Second},
-		"renew ≤ 1.2 × retry ": {Namespace: "ns", RenewDeadline: time.Second, RetryPeriod: time.Second},
+	okLeader := DefaultLeaderConfig()
+	if err := okLeader.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mod := range map[string]func(*LeaderConfig){
+		"no namespace":        func(l *LeaderConfig) { l.Namespace = "" },
+		"no name":             func(l *LeaderConfig) { l.Name = "" },
+		"lease ≤ renew":       func(l *LeaderConfig) { l.LeaseDuration, l.RenewDeadline = 2*time.Second, 2*time.Second },
+		"renew ≤ 1.2 × retry": func(l *LeaderConfig) { l.RenewDeadline, l.RetryPeriod = time.Second, time.Second },
+		"no retry period":     func(l *LeaderConfig) { l.RetryPeriod = 0 },
 	} {
+		l := okLeader
+		mod(&l)
 		if err := l.Validate(); err == nil {
 			t.Errorf("%s: LeaderConfig.Validate accepted %+v", name, l)
 		}

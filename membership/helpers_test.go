@@ -16,21 +16,22 @@ import (
 // fastConfig is the LAN profile with shorter timings so that failure
 // detection takes well under a second on loopback.
 func fastConfig(name string, seeds ...string) Config {
-	return Config{
-		BindAddr:         "127.0.0.1",
-		NamePrefix:       name,
-		JoinSeeds:        seeds,
-		JoinInterval:     200 * time.Millisecond,
-		ProbeInterval:    100 * time.Millisecond,
-		ProbeTimeout:     50 * time.Millisecond,
-		SuspicionMult:    2,
-		GossipInterval:   20 * time.Millisecond,
-		PushPullInterval: 2 * time.Second,
-		TCPTimeout:       time.Second,
-		LeaveTimeout:     2 * time.Second,
-		GRPCAddr:         "127.0.0.1:9090",
-		Version:          "test",
-	}
+	c := DefaultConfig()
+	c.BindAddr = "127.0.0.1"
+	c.BindPort = 0 // any free port
+	c.NamePrefix = name
+	c.JoinSeeds = seeds
+	c.JoinInterval = 200 * time.Millisecond
+	c.ProbeInterval = 100 * time.Millisecond
+	c.ProbeTimeout = 50 * time.Millisecond
+	c.SuspicionMult = 2
+	c.GossipInterval = 20 * time.Millisecond
+	c.PushPullInterval = 2 * time.Second
+	c.TCPTimeout = time.Second
+	c.LeaveTimeout = 2 * time.Second
+	c.GRPCAddr = "127.0.0.1:9090"
+	c.Version = "test"
+	return c
 }
 
 // testNode is one Membership running in the test process.

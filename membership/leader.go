@@ -21,16 +21,16 @@ import (
 type LeaderConfig struct {
 	// Namespace of the Lease. Required.
 	Namespace string
-	// Name of the Lease. Defaults to "cce-ipam-leader".
+	// Name of the Lease. The flag defaults to "cce-ipam-leader".
 	Name string
 	// LeaseDuration is how long a Lease holds without renewal; candidates
-	// wait this long after the last renewal they saw. Defaults to 15s.
+	// wait this long after the last renewal they saw. The flag defaults to 15s.
 	LeaseDuration time.Duration
 	// RenewDeadline is how long the leader keeps trying to renew before it
-	// stops leading. Must be below LeaseDuration. Defaults to 10s.
+	// stops leading. Must be below LeaseDuration. The flag defaults to 10s.
 	RenewDeadline time.Duration
 	// RetryPeriod is the wait between acquire or renew attempts.
-	// Defaults to 2s.
+	// The flag defaults to 2s.
 	RetryPeriod time.Duration
 }
 
@@ -44,27 +44,18 @@ func (c *LeaderConfig) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "wait between leader-election attempts")
 }
 
-func (c *LeaderConfig) defaults() {
-	if c.Name == "" {
-		c.Name = "cce-ipam-leader"
-	}
-	if c.LeaseDuration == 0 {
-		c.LeaseDuration = 15 * time.Second
-	}
-	if c.RenewDeadline == 0 {
-		c.RenewDeadline = 10 * time.Second
-	}
-	if c.RetryPeriod == 0 {
-		c.RetryPeriod = 2 * time.Second
-	}
+// DefaultLeaderConfig is the leader election the flags default to.
+func DefaultLeaderConfig() LeaderConfig {
+	var c LeaderConfig
+	c.RegisterFlags(pflag.NewFlagSet("defaults", pflag.ContinueOnError))
+	return c
 }
 
 // Validate reports a config that cannot work, after defaults are applied.
 func (c LeaderConfig) Validate() error {
-	c.defaults()
 	var errs []error
-	if c.Namespace == "" {
-		errs = append(errs, errors.New("leader election: lease namespace is required"))
+	if c.Namespace == "" || c.Name == "" {
+		errs = append(errs, errors.New("leader election: lease namespace and name are required"))
 	}
 	if c.LeaseDuration <= c.RenewDeadline {
 		errs = append(errs, errors.New("leader election: lease duration must be greater than the renew deadline"))
@@ -109,7 +100,6 @@ type Elector struct {
 // name (Membership.Name), unique per process. Nothing starts until Run.
 func NewElector(cfg LeaderConfig, client kubernetes.Interface, identity string, cb LeaderCallbacks, log *slog.Logger,
 	reg prometheus.Registerer) (*Elector, error) {
-	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -157,7 +157,7 @@ func TestElector_IdentityIsMemberName(t *testing.T) {
 	cs := kubernetes.NewForConfigOrDie(cp.Config)
 	m := start(t, fastConfig("cce-ipam-0"), true)
 	led := make(chan struct{})
-	el, err := NewElector(LeaderConfig{Namespace: ns, LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond},
+	el, err := NewElector(LeaderConfig{Namespace: ns, Name: "cce-ipam-leader", LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond},
 		cs, m.m.Name(), LeaderCallbacks{OnStartedLeading: func(ctx context.Context) { close(led); <-ctx.Done() }}, nil, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -59,7 +59,6 @@ var ErrAlreadyRunning = errors.New("membership: Run called twice")
 // nothing; Run does. startTime is advertised in the meta (the process start).
 // A nil log discards logs; a nil reg leaves the metrics unregistered.
 func New(cfg Config, startTime time.Time, log *slog.Logger, reg prometheus.Registerer) (*Membership, error) {
-	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("membership config: %w", err)
 	}
@@ -225,24 +224,12 @@ func (m *Membership) memberlistConfig() *memberlist.Config {
 	if conf.AdvertisePort == 0 {
 		conf.AdvertisePort = c.BindPort // 0 with BindPort 0: memberlist fills in the picked port
 	}
-	if c.ProbeInterval > 0 {
-		conf.ProbeInterval = c.ProbeInterval
-	}
-	if c.ProbeTimeout > 0 {
-		conf.ProbeTimeout = c.ProbeTimeout
-	}
-	if c.SuspicionMult > 0 {
-		conf.SuspicionMult = c.SuspicionMult
-	}
-	if c.GossipInterval > 0 {
-		conf.GossipInterval = c.GossipInterval
-	}
-	if c.PushPullInterval > 0 {
-		conf.PushPullInterval = c.PushPullInterval
-	}
-	if c.TCPTimeout > 0 {
-		conf.TCPTimeout = c.TCPTimeout
-	}
+	conf.ProbeInterval = c.ProbeInterval
+	conf.ProbeTimeout = c.ProbeTimeout
+	conf.SuspicionMult = c.SuspicionMult
+	conf.GossipInterval = c.GossipInterval
+	conf.PushPullInterval = c.PushPullInterval
+	conf.TCPTimeout = c.TCPTimeout
 	conf.DeadNodeReclaimTime = c.DeadNodeReclaimTime
 	conf.Label = c.ClusterLabel
 	if m.key != nil {

@@ -41,7 +41,6 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer, opts ...Opt
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("cloud config: %w", err)
 	}
-	cfg.setDefaults()
 	ak, sk, err := cfg.credentials()
 	if err != nil {
 		return nil, err

@@ -47,22 +47,27 @@ func TestClient_SetRateAndWaitMetrics(t *testing.T) {
 }
 
 func TestConfig_ValidateAndRedact(t *testing.T) {
-	bad := []cloud.Config{
-		{},                  // no credentials
-		{AccessKeyID: "ak"}, // half a key pair
-		{AccessKeyID: "ak", SecretAccessKey: "sk", Rate: -1},
-		{AccessKeyID: "ak", SecretAccessKey: "sk", PageSize: 1001},
-		{AccessKeyID: "ak", SecretAccessKey: "sk", Timeout: 1},
-		{AccessKeyID: "ak", SecretAccessKey: "sk", Endpoint: "bad host"},
-	}
-	for i, c := range bad {
-		if err := c.Validate(); err == nil {
-			t.Errorf("config %d accepted: %v", i, c)
-		}
-	}
-	good := cloud.Config{AccessKeyID: "AK-visible-nowhere", SecretAccessKey: "SK-visible-nowhere"}
+	good := cloud.DefaultConfig()
+	good.AccessKeyID, good.SecretAccessKey = "AK-visible-nowhere", "SK-visible-nowhere"
 	if err := good.Validate(); err != nil {
 		t.Fatal(err)
+	}
+	for name, mod := range map[string]func(*cloud.Config){
+		"no credentials":     func(c *cloud.Config) { c.AccessKeyID, c.SecretAccessKey = "", "" },
+		"half a key pair":    func(c *cloud.Config) { c.SecretAccessKey = "" },
+		"negative rate":      func(c *cloud.Config) { c.Rate = -1 },
+		"zero rate":          func(c *cloud.Config) { c.Rate = 0 },
+		"page size":          func(c *cloud.Config) { c.PageSize = 1001 },
+		"zero page size":     func(c *cloud.Config) { c.PageSize = 0 },
+		"short timeout":      func(c *cloud.Config) { c.Timeout = 1 },
+		"endpoint with a sp": func(c *cloud.Config) { c.Endpoint = "bad host" },
+		"no region":          func(c *cloud.Config) { c.Region = "" },
+	} {
+		c := good
+		mod(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: accepted %v", name, c)
+		}
 	}
 	var buf bytes.Buffer
 	slog.New(slog.NewJSONHandler(&buf, nil)).Info("start", "cloud", good)

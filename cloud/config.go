@@ -20,13 +20,15 @@ const (
 	SecretAccessKeyFile = "secret-access-key"
 )
 
-// Config configures a Client. Zero values get the documented defaults in
-// New; Validate reports what cannot be defaulted.
+// Config configures a Client. The defaults are the flags' (RegisterFlags,
+// DefaultConfig); New uses the values as they are, and Validate refuses the
+// ones it cannot use.
 type Config struct {
 	// Endpoint is BCE's BCC endpoint (host:port or a URL) serving /v1/eni,
-	// /v1/subnet and /v2/instance. Defaults to bcc.<Region>.baidubce.com.
+	// /v1/subnet and /v2/instance. Empty: bcc.<Region>.baidubce.com, the
+	// region's public endpoint.
 	Endpoint string
-	// Region defaults to "bj".
+	// Region is the BCE region, e.g. "bj" (the flag's default).
 	Region string
 	// AccessKeyID and SecretAccessKey authenticate; when both are empty they
 	// are read from CredentialsDir. Never logged.
@@ -36,27 +38,30 @@ type Config struct {
 	// mounted Secret).
 	CredentialsDir string
 	// Rate and Burst size the client-side token bucket shared by every call.
-	// Default 10/s and 5, the upstream's. Change at run time with SetRate.
+	// The flags default to 10/s and 5, the upstream's. Change at run time
+	// with SetRate.
 	Rate  float64
 	Burst int64
 	// ThrottleRetries is how often a call answered RateLimit is retried by
-	// this client (the SDK never retries 429). Default 3; negative disables.
+	// this client (the SDK never retries 429). The flag defaults to 3; zero
+	// or negative: none.
 	// An Urgent call retries four times as often.
 	ThrottleRetries int
 	// ThrottleBackoff is the base of the jittered wait after RateLimit: the
-	// wait is base × [1,6), as upstream. Default 200ms.
+	// wait is base × [1,6), as upstream. The flag defaults to 200ms.
 	ThrottleBackoff time.Duration
 	// SDKRetries and SDKRetryBase configure the retries of a call that
 	// failed with 5xx or in transport, the classes the SDK used to retry
 	// (delay base·2^n, capped at 20 s, jittered). This client retries, not
 	// the SDK, so each retry takes its own token and passes the gate.
-	// Default 3 and 300ms; negative disables.
+	// The flags default to 3 and 300ms; zero or negative retries: none.
 	SDKRetries   int
 	SDKRetryBase time.Duration
-	// Timeout bounds one HTTP attempt. Default 20s; at least 1s (the SDK
-	// counts it in whole seconds).
+	// Timeout bounds one HTTP attempt. The flag defaults to 20s; at least 1s
+	// (the SDK counts it in whole seconds).
 	Timeout time.Duration
-	// PageSize is maxKeys for list calls. Default 1000.
+	// PageSize is maxKeys for list calls, 1 to 1000. The flag defaults to
+	// 1000.
 	PageSize int
 	// OpLimits are per-operation token buckets on top of Rate/Burst, keyed
 	// by operation name (ListENIs, CreateENI, ...). Nil means none; the
@@ -136,73 +141,53 @@ func (opLimitsFlag) Type() string { return "limits" }
 
 // RegisterFlags binds the config to flags named --bce-*.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Endpoint, "bce-endpoint", c.Endpoint,
+	fs.StringVar(&c.Endpoint, "bce-endpoint", "",
 		"BCE BCC endpoint (host:port or URL) serving the ENI, VPC and BCC APIs; default bcc.<region>.baidubce.com")
-	fs.StringVar(&c.Region, "bce-region", c.Region, "BCE region, e.g. bj")
-	fs.StringVar(&c.AccessKeyID, "bce-access-key-id", c.AccessKeyID, "BCE access key ID (prefer --bce-credentials-dir)")
-	fs.StringVar(&c.SecretAccessKey, "bce-secret-access-key", c.SecretAccessKey, "BCE secret access key (prefer --bce-credentials-dir)")
-	fs.StringVar(&c.CredentialsDir, "bce-credentials-dir", c.CredentialsDir,
+	fs.StringVar(&c.Region, "bce-region", "bj", "BCE region, e.g. bj")
+	fs.StringVar(&c.AccessKeyID, "bce-access-key-id", "", "BCE access key ID (prefer --bce-credentials-dir)")
+	fs.StringVar(&c.SecretAccessKey, "bce-secret-access-key", "", "BCE secret access key (prefer --bce-credentials-dir)")
+	fs.StringVar(&c.CredentialsDir, "bce-credentials-dir", "",
 		"directory with files access-key-id and secret-access-key (a mounted Secret)")
-	// Numeric flags show their effective defaults (pflag prints them); a
-	// zero value set programmatically still means "default" to setDefaults.
-	d := *c
-	d.setDefaults()
-	fs.Float64Var(&c.Rate, "bce-rate", d.Rate, "client-side BCE API calls per second")
-	fs.Int64Var(&c.Burst, "bce-burst", d.Burst, "client-side BCE API burst")
-	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", d.ThrottleRetries,
+	fs.Float64Var(&c.Rate, "bce-rate", 10, "client-side BCE API calls per second")
+	fs.Int64Var(&c.Burst, "bce-burst", 5, "client-side BCE API burst")
+	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", 3,
 		"retries of a call BCE answered with RateLimit, four times as many for a takeover's ENI list (negative disables)")
-	fs.DurationVar(&c.ThrottleBackoff, "bce-throttle-backoff", d.ThrottleBackoff,
+	fs.DurationVar(&c.ThrottleBackoff, "bce-throttle-backoff", 200*time.Millisecond,
 		"base of the jittered backoff after RateLimit (never shorter than the operation's interval under --bce-op-limits, e.g. 1 s for "+
 			"ListENIs)")
-	fs.IntVar(&c.SDKRetries, "bce-sdk-retries", d.SDKRetries,
+	fs.IntVar(&c.SDKRetries, "bce-sdk-retries", 3,
 		"retries of a call that failed with 5xx or a transport error, each taking its own token (negative disables)")
-	fs.DurationVar(&c.SDKRetryBase, "bce-sdk-retry-base", d.SDKRetryBase,
+	fs.DurationVar(&c.SDKRetryBase, "bce-sdk-retry-base", 300*time.Millisecond,
 		"base delay of the exponential, jittered retry after 5xx or a transport error")
-	fs.DurationVar(&c.Timeout, "bce-timeout", d.Timeout, "timeout of one BCE HTTP attempt")
-	fs.IntVar(&c.PageSize, "bce-page-size", d.PageSize, "maxKeys of BCE list calls")
+	fs.DurationVar(&c.Timeout, "bce-timeout", 20*time.Second, "timeout of one BCE HTTP attempt")
+	fs.IntVar(&c.PageSize, "bce-page-size", 1000, "maxKeys of BCE list calls")
 	c.OpLimits = DefaultOpLimits()
 	fs.Var(opLimitsFlag{&c.OpLimits}, "bce-op-limits",
 		"cluster-wide per-operation limits, Op=rate:burst,... (replaces the whole default table, the upstream's flow-control limits)")
 }
 
-func (c *Config) setDefaults() {
-	if c.Region == "" {
-		c.Region = "bj"
-	}
-	if c.Endpoint == "" {
-		c.Endpoint = "bcc." + c.Region + ".baidubce.com"
-	}
-	if c.Rate == 0 {
-		c.Rate = 10
-	}
-	if c.Burst == 0 {
-		c.Burst = 5
-	}
-	if c.ThrottleRetries == 0 {
-		c.ThrottleRetries = 3
-	}
-	if c.ThrottleBackoff == 0 {
-		c.ThrottleBackoff = 200 * time.Millisecond
-	}
-	if c.SDKRetries == 0 {
-		c.SDKRetries = 3
-	}
-	if c.SDKRetryBase == 0 {
-		c.SDKRetryBase = 300 * time.Millisecond
-	}
-	if c.Timeout == 0 {
-		c.Timeout = 20 * time.Second
-	}
-	if c.PageSize == 0 {
-		c.PageSize = 1000
-	}
+// DefaultConfig is the configuration the flags default to.
+func DefaultConfig() Config {
+	var c Config
+	c.RegisterFlags(pflag.NewFlagSet("defaults", pflag.ContinueOnError))
+	return c
 }
 
-// Validate checks the config after defaults; it does not read credentials.
-func (c *Config) Validate() error {
-	d := *c
-	d.setDefaults()
+// endpoint is Endpoint, or the region's public endpoint when it is empty.
+func (c Config) endpoint() string {
+	if c.Endpoint == "" {
+		return "bcc." + c.Region + ".baidubce.com"
+	}
+	return c.Endpoint
+}
+
+// Validate checks the config; it does not read credentials.
+func (c Config) Validate() error {
+	d := c
 	var errs []error
+	if d.Region == "" {
+		errs = append(errs, errors.New("region is required"))
+	}
 	if err := checkRate(d.Rate, d.Burst); err != nil {
 		errs = append(errs, err)
 	}
@@ -257,7 +242,7 @@ func (c *Config) credentials() (ak, sk string, err error) {
 // LogValue keeps credentials out of structured logs.
 func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
-		slog.String("endpoint", c.Endpoint), slog.String("region", c.Region),
+		slog.String("endpoint", c.endpoint()), slog.String("region", c.Region),
 		slog.Bool("accessKeySet", c.AccessKeyID != ""), slog.String("credentialsDir", c.CredentialsDir),
 		slog.Float64("rate", c.Rate), slog.Int64("burst", c.Burst), slog.Int("pageSize", c.PageSize))
 }

@@ -168,7 +168,9 @@ func TestConformance_CredentialsFromSecretDir(t *testing.T) {
 	}
 
 	os.Remove(filepath.Join(dir, cloud.SecretAccessKeyFile))
-	_, err := cloud.New(cloud.Config{Endpoint: "127.0.0.1:1", CredentialsDir: dir}, nil, nil)
+	cfg := cloud.DefaultConfig()
+	cfg.Endpoint, cfg.CredentialsDir = "127.0.0.1:1", dir
+	_, err := cloud.New(cfg, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), cloud.SecretAccessKeyFile) || strings.Contains(err.Error(), testAK) {
 		t.Fatalf("missing secret file: %v", err)
 	}

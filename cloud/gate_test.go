@@ -85,8 +85,9 @@ func TestThrottledRetry_TakesNoSecondOpToken(t *testing.T) {
 	if err := e.client.SetOpShare(0.01); err != nil { // one token per 20 s for this replica
 		t.Fatal(err)
 	}
-	other, err := cloud.New(cloud.Config{Endpoint: e.srv.URL(), AccessKeyID: testAK, SecretAccessKey: testSK,
-		Rate: 100, Burst: 100, SDKRetryBase: time.Millisecond}, nil, nil)
+	otherCfg := testClientConfig(cloud.Config{Rate: 100, Burst: 100})
+	otherCfg.Endpoint = e.srv.URL()
+	other, err := cloud.New(otherCfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

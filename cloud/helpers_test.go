@@ -45,6 +45,44 @@ func (e *env) setGate(g func() error) {
 	e.gate.Store(&g)
 }
 
+// testClientConfig is the tests' client: the defaults with fast retries, an
+// unlimited rate and the simulator's keys, under the settings a test gives
+// in o (its non-zero fields).
+func testClientConfig(o cloud.Config) cloud.Config {
+	c := cloud.DefaultConfig()
+	c.OpLimits = nil // none unless the test sets some
+	c.AccessKeyID, c.SecretAccessKey = testAK, testSK
+	c.Rate, c.Burst = 1e6, 1e6
+	c.SDKRetryBase = time.Millisecond // keep the retries of 5xx fast
+	c.ThrottleBackoff = time.Millisecond
+	if o.AccessKeyID != "" || o.CredentialsDir != "" {
+		c.AccessKeyID, c.SecretAccessKey, c.CredentialsDir = o.AccessKeyID, o.SecretAccessKey, o.CredentialsDir
+	}
+	if o.Rate != 0 {
+		c.Rate, c.Burst = o.Rate, o.Burst
+	}
+	for _, f := range []struct {
+		dst *int
+		src int
+	}{{&c.ThrottleRetries, o.ThrottleRetries}, {&c.SDKRetries, o.SDKRetries}, {&c.PageSize, o.PageSize}} {
+		if f.src != 0 {
+			*f.dst = f.src
+		}
+	}
+	for _, f := range []struct {
+		dst *time.Duration
+		src time.Duration
+	}{{&c.ThrottleBackoff, o.ThrottleBackoff}, {&c.SDKRetryBase, o.SDKRetryBase}, {&c.Timeout, o.Timeout}} {
+		if f.src != 0 {
+			*f.dst = f.src
+		}
+	}
+	if o.OpLimits != nil {
+		c.OpLimits = o.OpLimits
+	}
+	return c
+}
+
 type envOpts struct {
 	sim    bcesim.Config
 	client cloud.Config
@@ -105,20 +143,8 @@ func newEnv(t *testing.T, o envOpts) *env {
 		MemoryGB: 128,
 	}))
 
-	cc := o.client
+	cc := testClientConfig(o.client)
 	cc.Endpoint = srv.URL()
-	if cc.AccessKeyID == "" && cc.CredentialsDir == "" {
-		cc.AccessKeyID, cc.SecretAccessKey = testAK, testSK
-	}
-	if cc.Rate == 0 {
-		cc.Rate, cc.Burst = 1e6, 1e6
-	}
-	if cc.SDKRetryBase == 0 {
-		cc.SDKRetryBase = time.Millisecond // keep the SDK's retries of 5xx fast
-	}
-	if cc.ThrottleBackoff == 0 {
-		cc.ThrottleBackoff = time.Millisecond
-	}
 	e.reg = prometheus.NewRegistry()
 	// The client's gate is fixed at construction; tests swap what it asks.
 	cl, err := cloud.New(cc, slog.New(slog.DiscardHandler), e.reg, cloud.WithGate(func() error {

@@ -128,8 +128,9 @@ func TestServerRetry_TransportFailureTakesATokenPerAttempt(t *testing.T) {
 			c.Close()
 		}
 	}()
-	c, err := cloud.New(cloud.Config{Endpoint: "http://" + ln.Addr().String(), AccessKeyID: testAK, SecretAccessKey: testSK,
-		Rate: 100, Burst: 100, SDKRetries: 2, SDKRetryBase: time.Millisecond}, nil, nil)
+	cfg := testClientConfig(cloud.Config{Rate: 100, Burst: 100, SDKRetries: 2})
+	cfg.Endpoint = "http://" + ln.Addr().String()
+	c, err := cloud.New(cfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

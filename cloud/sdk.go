@@ -38,7 +38,7 @@ func newSDKConfig(cfg Config, ak, sk string) (*bce.BceClientConfiguration, error
 		return nil, err
 	}
 	return &bce.BceClientConfiguration{
-		Endpoint:    cfg.Endpoint,
+		Endpoint:    cfg.endpoint(),
 		Region:      cfg.Region,
 		UserAgent:   bce.DEFAULT_USER_AGENT,
 		Credentials: cred,

@@ -498,14 +498,15 @@ func startKubelet(t *testing.T, ctx context.Context, ns, simURL string, grpcAddr
 	cs cceclient.Interface) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	client, err := cloud.New(cloud.Config{
-		Endpoint:        simURL,
-		Region:          "bj",
-		AccessKeyID:     fleetAK,
-		SecretAccessKey: fleetSK,
-		Rate:            200,
-		Burst:           50,
-	},
+	bceCfg := cloud.DefaultConfig()
+	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
+	bceCfg.Endpoint = simURL
+	bceCfg.Region = "bj"
+	bceCfg.AccessKeyID = fleetAK
+	bceCfg.SecretAccessKey = fleetSK
+	bceCfg.Rate = 200
+	bceCfg.Burst = 50
+	client, err := cloud.New(bceCfg,
 		log, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)

@@ -102,14 +102,15 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 	}
 
 	// The node agent's part: one ENI attached to the instance.
-	client, err := cloud.New(cloud.Config{
-		Endpoint:        simAddr,
-		Region:          "bj",
-		AccessKeyID:     ak,
-		SecretAccessKey: sk,
-		Rate:            1000,
-		Burst:           1000,
-	},
+	bceCfg := cloud.DefaultConfig()
+	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
+	bceCfg.Endpoint = simAddr
+	bceCfg.Region = "bj"
+	bceCfg.AccessKeyID = ak
+	bceCfg.SecretAccessKey = sk
+	bceCfg.Rate = 1000
+	bceCfg.Burst = 1000
+	client, err := cloud.New(bceCfg,
 		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)

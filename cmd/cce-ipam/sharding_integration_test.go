@@ -139,14 +139,14 @@ func newShardEnv(t *testing.T, nodes int, extra ...string) *shardEnv {
 		args = append(args, "--instance", fmt.Sprintf("i-%s-%d,%s,8,64", e.cluster, i, shardSubnet))
 	}
 	e.simAddr = firstLine(t, startProcess(t, simBin, args...))
-	cloudCfg := cloud.Config{
-		Endpoint:        e.simAddr,
-		Region:          "bj",
-		AccessKeyID:     shardAK,
-		SecretAccessKey: shardSK,
-		Rate:            1000,
-		Burst:           1000,
-	}
+	cloudCfg := cloud.DefaultConfig()
+	cloudCfg.OpLimits = nil // no per-operation limits: only the rate above
+	cloudCfg.Endpoint = e.simAddr
+	cloudCfg.Region = "bj"
+	cloudCfg.AccessKeyID = shardAK
+	cloudCfg.SecretAccessKey = shardSK
+	cloudCfg.Rate = 1000
+	cloudCfg.Burst = 1000
 	e.cloud, err = cloud.New(cloudCfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)

@@ -219,14 +219,14 @@ func (f *Fleet) startControlPlane(ctx context.Context) error {
 
 // simClient is a BCE client of the fleet's bce-sim with a generous budget.
 func (f *Fleet) simClient() (*cloud.Client, error) {
-	cfg := cloud.Config{
-		Endpoint:        f.simURL,
-		Region:          Region,
-		AccessKeyID:     AccessKey,
-		SecretAccessKey: SecretKey,
-		Rate:            1000,
-		Burst:           1000,
-	}
+	cfg := cloud.DefaultConfig()
+	cfg.OpLimits = nil // no per-operation limits: only the rate above
+	cfg.Endpoint = f.simURL
+	cfg.Region = Region
+	cfg.AccessKeyID = AccessKey
+	cfg.SecretAccessKey = SecretKey
+	cfg.Rate = 1000
+	cfg.Burst = 1000
 	return cloud.New(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 }
 
@@ -273,8 +273,15 @@ func (f *Fleet) startExternal(ctx context.Context, e *External) error {
 	if f.CCE, err = cceclient.NewForConfig(f.Config); err != nil {
 		return err
 	}
-	if f.Cloud, err = cloud.New(cloud.Config{Endpoint: f.simURL, Region: Region, AccessKeyID: AccessKey,
-		SecretAccessKey: SecretKey, Rate: 1000, Burst: 1000}, slog.New(slog.DiscardHandler), prometheus.NewRegistry()); err != nil {
+	bceCfg := cloud.DefaultConfig()
+	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
+	bceCfg.Endpoint = f.simURL
+	bceCfg.Region = Region
+	bceCfg.AccessKeyID = AccessKey
+	bceCfg.SecretAccessKey = SecretKey
+	bceCfg.Rate = 1000
+	bceCfg.Burst = 1000
+	if f.Cloud, err = cloud.New(bceCfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry()); err != nil {
 		return err
 	}
 	if o.NoKubelet {

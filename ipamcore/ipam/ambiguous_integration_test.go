@@ -104,10 +104,18 @@ func TestIPAM_TimedOutTrimSettlesBackIntoPool(t *testing.T) {
 	node, inst := e.nodes[0], e.instance[e.nodes[0]]
 	// A client that gives up on an attempt after 1 s and does not retry.
 	e.stop()
-	impatient, err := cloud.New(cloud.Config{
-		Endpoint: e.sim.URL(), Region: "bj", AccessKeyID: testAK, SecretAccessKey: testSK,
-		Rate: 1e6, Burst: 1e6, SDKRetries: -1, ThrottleBackoff: time.Millisecond, Timeout: time.Second,
-	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	bceCfg := cloud.DefaultConfig()
+	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
+	bceCfg.Endpoint = e.sim.URL()
+	bceCfg.Region = "bj"
+	bceCfg.AccessKeyID = testAK
+	bceCfg.SecretAccessKey = testSK
+	bceCfg.Rate = 1e6
+	bceCfg.Burst = 1e6
+	bceCfg.SDKRetries = -1
+	bceCfg.ThrottleBackoff = time.Millisecond
+	bceCfg.Timeout = time.Second
+	impatient, err := cloud.New(bceCfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -143,10 +143,17 @@ func newEnvIn(t testing.TB, prefix string, nodes int, cfg ipam.Config, w world) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.cloud, err = cloud.New(cloud.Config{
-		Endpoint: sim.URL(), Region: "bj", AccessKeyID: testAK, SecretAccessKey: testSK,
-		Rate: 1e6, Burst: 1e6, SDKRetryBase: time.Millisecond, ThrottleBackoff: time.Millisecond,
-	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	bceCfg := cloud.DefaultConfig()
+	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
+	bceCfg.Endpoint = sim.URL()
+	bceCfg.Region = "bj"
+	bceCfg.AccessKeyID = testAK
+	bceCfg.SecretAccessKey = testSK
+	bceCfg.Rate = 1e6
+	bceCfg.Burst = 1e6
+	bceCfg.SDKRetryBase = time.Millisecond
+	bceCfg.ThrottleBackoff = time.Millisecond
+	e.cloud, err = cloud.New(bceCfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -126,16 +126,17 @@ func (w *fastWorld) startCloud() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.cloud, err = cloud.New(cloud.Config{
-		Endpoint:        sim.URL(),
-		Region:          "bj",
-		AccessKeyID:     fastAK,
-		SecretAccessKey: fastSK,
-		Rate:            1e6,
-		Burst:           1e6,
-		SDKRetryBase:    time.Millisecond,
-		ThrottleBackoff: time.Millisecond,
-	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	bceCfg := cloud.DefaultConfig()
+	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
+	bceCfg.Endpoint = sim.URL()
+	bceCfg.Region = "bj"
+	bceCfg.AccessKeyID = fastAK
+	bceCfg.SecretAccessKey = fastSK
+	bceCfg.Rate = 1e6
+	bceCfg.Burst = 1e6
+	bceCfg.SDKRetryBase = time.Millisecond
+	bceCfg.ThrottleBackoff = time.Millisecond
+	w.cloud, err = cloud.New(bceCfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

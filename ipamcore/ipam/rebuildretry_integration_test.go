@@ -136,10 +136,17 @@ func TestIPAM_MalformedCloudAddressSkipped(t *testing.T) {
 	}
 	proxy := httptest.NewServer(rp)
 	t.Cleanup(proxy.Close)
-	garbled, err := cloud.New(cloud.Config{
-		Endpoint: proxy.URL, Region: "bj", AccessKeyID: testAK, SecretAccessKey: testSK,
-		Rate: 1e6, Burst: 1e6, SDKRetryBase: time.Millisecond, ThrottleBackoff: time.Millisecond,
-	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	bceCfg := cloud.DefaultConfig()
+	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
+	bceCfg.Endpoint = proxy.URL
+	bceCfg.Region = "bj"
+	bceCfg.AccessKeyID = testAK
+	bceCfg.SecretAccessKey = testSK
+	bceCfg.Rate = 1e6
+	bceCfg.Burst = 1e6
+	bceCfg.SDKRetryBase = time.Millisecond
+	bceCfg.ThrottleBackoff = time.Millisecond
+	garbled, err := cloud.New(bceCfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,14 +47,15 @@ func TestController_SyncCreatesAndDeclaresExhaustion(t *testing.T) {
 	tiny, _ := sim.AddSubnet(bcesim.SubnetSpec{ID: "sbn-tiny", ZoneName: "z", CIDR: "10.6.0.0/29", VPCID: "vpc"})
 	sg, _ := sim.AddSecurityGroup(bcesim.SecurityGroupSpec{ID: "g", VPCID: "vpc"})
 	inst, _ := sim.AddInstance(bcesim.InstanceSpec{ID: "i-1", SubnetID: big, CPUCount: 8, MemoryGB: 64, SecurityGroupIDs: []string{sg}})
-	provider, err := cloud.New(cloud.Config{
-		Endpoint:        sim.URL(),
-		Region:          "bj",
-		AccessKeyID:     "ak",
-		SecretAccessKey: "sk",
-		Rate:            1000,
-		Burst:           1000,
-	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	bceCfg := cloud.DefaultConfig()
+	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
+	bceCfg.Endpoint = sim.URL()
+	bceCfg.Region = "bj"
+	bceCfg.AccessKeyID = "ak"
+	bceCfg.SecretAccessKey = "sk"
+	bceCfg.Rate = 1000
+	bceCfg.Burst = 1000
+	provider, err := cloud.New(bceCfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

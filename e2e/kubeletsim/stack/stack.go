@@ -200,16 +200,17 @@ func (s *Stack) startCloud(t testing.TB) (securityGroup string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Cloud, err = cloud.New(cloud.Config{
-		Endpoint:        sim.URL(),
-		Region:          "bj",
-		AccessKeyID:     AccessKey,
-		SecretAccessKey: SecretKey,
-		Rate:            1e6,
-		Burst:           1e6,
-		SDKRetryBase:    time.Millisecond,
-		ThrottleBackoff: time.Millisecond,
-	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	bceCfg := cloud.DefaultConfig()
+	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
+	bceCfg.Endpoint = sim.URL()
+	bceCfg.Region = "bj"
+	bceCfg.AccessKeyID = AccessKey
+	bceCfg.SecretAccessKey = SecretKey
+	bceCfg.Rate = 1e6
+	bceCfg.Burst = 1e6
+	bceCfg.SDKRetryBase = time.Millisecond
+	bceCfg.ThrottleBackoff = time.Millisecond
+	s.Cloud, err = cloud.New(bceCfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

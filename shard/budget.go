@@ -100,17 +100,18 @@ var errNoShare = errors.New("no share of the BCE budget yet")
 // recordHeldLocked tells the cloud gate whether a share is held now; under
 // b.mu, so the gate sees the changes in the order they happen.
 func (b *budget) recordHeldLocked() {
-	b.peers.recordShare(b.setter == nil || b.granted && b.share.Rate > 0)
+	b.peers.recordShare(b.heldLocked())
 }
 
+// held: a share is in force (or there is no budget to split), the rule the
+// cloud gate applies.
 func (b *budget) held() bool {
-	if b.setter == nil {
-		return true
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.granted && b.share.Rate > 0
+	return b.heldLocked()
 }
+
+func (b *budget) heldLocked() bool { return b.setter == nil || b.granted && b.share.Rate > 0 }
 
 // current returns this replica's current share.
 func (b *budget) current() Share {

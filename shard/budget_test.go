@@ -205,7 +205,7 @@ func TestBudget_OwnShareGoneDropsToZero(t *testing.T) {
 	e.putShares(`{"r1":{"rate":10,"burst":5,"busy":true}}`)
 	e.adjust(nil, "r0", "r1")
 	e.checkSum("after r0's entry vanished")
-	if err := e.c.Gate(); err == nil {
+	if err := e.c.fence.Gate(); err == nil {
 		t.Fatalf("r0's gate is open with its share gone from the budget Lease (share %+v)", e.c.Budget())
 	}
 	// r1 lowers to its even share: r0 asks again through the normal path.
@@ -230,7 +230,7 @@ func TestBudget_PublishFindsOwnShareGone(t *testing.T) {
 	e.putShares(`{"r1":{"rate":10,"burst":5,"busy":true}}`)
 	e.adjust(stale, "r0", "r1", "r2") // wants 3.33/s: the lower branch publishes
 	e.checkSum("after a publish found r0's entry gone")
-	if err := e.c.Gate(); err == nil {
+	if err := e.c.fence.Gate(); err == nil {
 		t.Fatalf("r0's gate is open after a publish found its entry gone (share %+v)", e.c.Budget())
 	}
 }

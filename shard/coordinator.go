@@ -242,9 +242,6 @@ func (c *Coordinator) FenceToken(node string) (ipam.FenceToken, time.Time, error
 // RouteOf is Fence.RouteOf.
 func (c *Coordinator) RouteOf(node string) Route { return c.fence.RouteOf(node) }
 
-// Gate is Fence.Gate.
-func (c *Coordinator) Gate() error { return c.fence.Gate() }
-
 // Budget returns this replica's current share.
 func (c *Coordinator) Budget() Share { return c.budget.current() }
 

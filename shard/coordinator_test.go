@@ -110,7 +110,7 @@ func TestCoordinator_LapsedLeaseFencesBeforeRenewalCounts(t *testing.T) {
 	if _, err := c.MayAct(node); err == nil {
 		t.Fatal("MayAct allowed a write on a claim that must be won again")
 	}
-	if err := c.Gate(); err != nil {
+	if err := c.fence.Gate(); err != nil {
 		t.Fatalf("gate with no budget configured: %v", err)
 	}
 }

@@ -15,7 +15,7 @@ import (
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 )
 
-// Fencing tokens on weps (issue #19, finding 4). Every wep a replica writes
+// Fencing tokens on weps. Every wep a replica writes
 // (create, update, and the update that precedes its delete) carries the
 // token of the partition claim it acts under: the partition (a label), the claim's
 // holder and the claim's epoch (its Lease's spec.leaseTransitions, which

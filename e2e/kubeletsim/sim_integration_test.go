@@ -190,8 +190,8 @@ func TestSimulator_Run_DeploymentLifecycle(t *testing.T) {
 	// Once the pools settle, every node holds only idle IPs within bounds.
 	settled := st.Checker(invariants.Config{Namespaces: []string{st.Opts.Namespace},
 		Pool: &invariants.PoolBounds{
-			Min: st.Opts.IPAM.IdleMin,
-			Max: st.Opts.IPAM.IdleMax,
+			Min: st.IPAMConfig.IdleMin,
+			Max: st.IPAMConfig.IdleMax,
 		}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -49,12 +49,10 @@ type Options struct {
 	SubnetCIDR string
 	// MemoryGB per instance sets max-ip-per-eni. Defaults to 64 (30 IPs).
 	MemoryGB int
-	// IPAM is the IPAM's config; ClusterID and VPCID are filled in. Unset
-	// fields get test-friendly values: IdleMin 2, IdleMax 6, Cooldown
-	// 200ms, PoolCheckPeriod 1s, GCPeriod 5s.
-	IPAM ipam.Config
-	// CNI is the CNI server's config.
-	CNI cni.Config
+	// IPAM, when set, adjusts the IPAM's config: ipam.DefaultConfig with
+	// test-friendly pool timings (IdleMin 2, IdleMax 6, Cooldown 200ms,
+	// PoolCheckPeriod 1s, GCPeriod 5s); ClusterID and VPCID are filled in.
+	IPAM func(*ipam.Config)
 	// Kubelet, when set, adjusts the simulator's config (kubeletsim's
 	// DefaultConfig); the endpoint, names and cloud placement are filled in.
 	Kubelet func(*kubeletsim.Config)
@@ -65,19 +63,21 @@ type Options struct {
 
 // Stack is a running IPAM with its cloud and kubelets.
 type Stack struct {
-	Opts      Options
-	ClusterID string
-	VPCID     string
-	SubnetID  string
-	Zone      string
-	Kube      kubernetes.Interface
-	CCE       cceclient.Interface
-	BCE       *bcesim.Server
-	Cloud     *cloud.Client
-	IPAM      *ipam.IPAM
-	Kubelet   *kubeletsim.Simulator
-	CNIAddr   string
-	Nodes     []kubeletsim.NodeInfo
+	Opts Options
+	// IPAMConfig is the config the IPAM runs with.
+	IPAMConfig ipam.Config
+	ClusterID  string
+	VPCID      string
+	SubnetID   string
+	Zone       string
+	Kube       kubernetes.Interface
+	CCE        cceclient.Interface
+	BCE        *bcesim.Server
+	Cloud      *cloud.Client
+	IPAM       *ipam.IPAM
+	Kubelet    *kubeletsim.Simulator
+	CNIAddr    string
+	Nodes      []kubeletsim.NodeInfo
 
 	ctx context.Context
 	t   testing.TB
@@ -98,7 +98,7 @@ func Start(t testing.TB, cfg *rest.Config, o Options) *Stack {
 		VPCID:     "vpc-" + o.Name,
 		Zone:      "cn-bj-a",
 	}
-	o.IPAM.ClusterID, o.IPAM.VPCID = s.ClusterID, s.VPCID
+	s.IPAMConfig = o.ipamConfig(s.ClusterID, s.VPCID)
 	s.Opts = o
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -123,48 +123,21 @@ func (o *Options) fillDefaults() {
 	if o.MemoryGB == 0 {
 		o.MemoryGB = 64
 	}
-	// ipam.New and cni.NewServer no longer fill unset fields: those this
-	// stack does not choose take the packages' flag defaults.
-	def := ipam.DefaultConfig()
-	if o.IPAM.BatchAdd == 0 {
-		o.IPAM.BatchAdd = def.BatchAdd
+}
+
+// ipamConfig is the stack's IPAM config: the defaults, the test-friendly
+// pool timings, then the test's adjustments.
+func (o Options) ipamConfig(clusterID, vpcID string) ipam.Config {
+	c := ipam.DefaultConfig()
+	c.IdleMin, c.IdleMax = 2, 6
+	c.Cooldown = 200 * time.Millisecond
+	c.PoolCheckPeriod = time.Second
+	c.GCPeriod = 5 * time.Second
+	if o.IPAM != nil {
+		o.IPAM(&c)
 	}
-	if o.IPAM.AllocateWait == 0 {
-		o.IPAM.AllocateWait = def.AllocateWait
-	}
-	if o.IPAM.ReadLag == 0 {
-		o.IPAM.ReadLag = def.ReadLag
-	}
-	if o.IPAM.ENISyncPeriod == 0 {
-		o.IPAM.ENISyncPeriod = def.ENISyncPeriod
-	}
-	if o.IPAM.LeakedENIAge == 0 {
-		o.IPAM.LeakedENIAge = def.LeakedENIAge
-	}
-	if o.IPAM.SubnetSelection == "" {
-		o.IPAM.SubnetSelection = def.SubnetSelection
-	}
-	if o.IPAM.LeakGrace == 0 {
-		o.IPAM.LeakGrace = def.LeakGrace
-	}
-	if o.CNI == (cni.Config{}) {
-		o.CNI = cni.DefaultConfig()
-	}
-	if o.IPAM.IdleMin == 0 {
-		o.IPAM.IdleMin = 2
-	}
-	if o.IPAM.IdleMax == 0 {
-		o.IPAM.IdleMax = 6
-	}
-	if o.IPAM.Cooldown == 0 {
-		o.IPAM.Cooldown = 200 * time.Millisecond
-	}
-	if o.IPAM.PoolCheckPeriod == 0 {
-		o.IPAM.PoolCheckPeriod = time.Second
-	}
-	if o.IPAM.GCPeriod == 0 {
-		o.IPAM.GCPeriod = 5 * time.Second
-	}
+	c.ClusterID, c.VPCID = clusterID, vpcID
+	return c
 }
 
 // startCloud starts bce-sim with the stack's subnet and security group (whose
@@ -228,7 +201,7 @@ func (s *Stack) startIPAM(t testing.TB) {
 		CCE:   s.CCE,
 		Cloud: s.Cloud,
 	}
-	s.IPAM, err = ipam.New(s.Opts.IPAM, deps, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	s.IPAM, err = ipam.New(s.IPAMConfig, deps, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +216,7 @@ func (s *Stack) startIPAM(t testing.TB) {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	rpc.RegisterCNIBackendServer(gs, cni.NewServer(s.Opts.CNI, s.IPAM, slog.New(slog.DiscardHandler), prometheus.NewRegistry()))
+	rpc.RegisterCNIBackendServer(gs, cni.NewServer(cni.DefaultConfig(), s.IPAM, slog.New(slog.DiscardHandler), prometheus.NewRegistry()))
 	served := make(chan struct{})
 	go func() {
 		defer close(served)

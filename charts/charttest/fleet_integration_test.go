@@ -501,7 +501,6 @@ func startKubelet(t *testing.T, ctx context.Context, ns, simURL string, grpcAddr
 	bceCfg := cloud.DefaultConfig()
 	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
 	bceCfg.Endpoint = simURL
-	bceCfg.Region = "bj"
 	bceCfg.AccessKeyID = fleetAK
 	bceCfg.SecretAccessKey = fleetSK
 	bceCfg.Rate = 200

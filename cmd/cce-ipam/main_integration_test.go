@@ -105,7 +105,6 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 	bceCfg := cloud.DefaultConfig()
 	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
 	bceCfg.Endpoint = simAddr
-	bceCfg.Region = "bj"
 	bceCfg.AccessKeyID = ak
 	bceCfg.SecretAccessKey = sk
 	bceCfg.Rate = 1000

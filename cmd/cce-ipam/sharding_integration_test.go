@@ -142,7 +142,6 @@ func newShardEnv(t *testing.T, nodes int, extra ...string) *shardEnv {
 	cloudCfg := cloud.DefaultConfig()
 	cloudCfg.OpLimits = nil // no per-operation limits: only the rate above
 	cloudCfg.Endpoint = e.simAddr
-	cloudCfg.Region = "bj"
 	cloudCfg.AccessKeyID = shardAK
 	cloudCfg.SecretAccessKey = shardSK
 	cloudCfg.Rate = 1000

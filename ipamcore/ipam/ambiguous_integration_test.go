@@ -107,7 +107,6 @@ func TestIPAM_TimedOutTrimSettlesBackIntoPool(t *testing.T) {
 	bceCfg := cloud.DefaultConfig()
 	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
 	bceCfg.Endpoint = e.sim.URL()
-	bceCfg.Region = "bj"
 	bceCfg.AccessKeyID = testAK
 	bceCfg.SecretAccessKey = testSK
 	bceCfg.Rate = 1e6

@@ -146,7 +146,6 @@ func newEnvIn(t testing.TB, prefix string, nodes int, cfg ipam.Config, w world) 
 	bceCfg := cloud.DefaultConfig()
 	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
 	bceCfg.Endpoint = sim.URL()
-	bceCfg.Region = "bj"
 	bceCfg.AccessKeyID = testAK
 	bceCfg.SecretAccessKey = testSK
 	bceCfg.Rate = 1e6

@@ -129,7 +129,6 @@ func (w *fastWorld) startCloud() {
 	bceCfg := cloud.DefaultConfig()
 	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
 	bceCfg.Endpoint = sim.URL()
-	bceCfg.Region = "bj"
 	bceCfg.AccessKeyID = fastAK
 	bceCfg.SecretAccessKey = fastSK
 	bceCfg.Rate = 1e6

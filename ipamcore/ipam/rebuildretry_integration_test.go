@@ -139,7 +139,6 @@ func TestIPAM_MalformedCloudAddressSkipped(t *testing.T) {
 	bceCfg := cloud.DefaultConfig()
 	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
 	bceCfg.Endpoint = proxy.URL
-	bceCfg.Region = "bj"
 	bceCfg.AccessKeyID = testAK
 	bceCfg.SecretAccessKey = testSK
 	bceCfg.Rate = 1e6

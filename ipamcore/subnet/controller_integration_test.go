@@ -50,7 +50,6 @@ func TestController_SyncCreatesAndDeclaresExhaustion(t *testing.T) {
 	bceCfg := cloud.DefaultConfig()
 	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
 	bceCfg.Endpoint = sim.URL()
-	bceCfg.Region = "bj"
 	bceCfg.AccessKeyID = "ak"
 	bceCfg.SecretAccessKey = "sk"
 	bceCfg.Rate = 1000

@@ -176,7 +176,6 @@ func (s *Stack) startCloud(t testing.TB) (securityGroup string) {
 	bceCfg := cloud.DefaultConfig()
 	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
 	bceCfg.Endpoint = sim.URL()
-	bceCfg.Region = "bj"
 	bceCfg.AccessKeyID = AccessKey
 	bceCfg.SecretAccessKey = SecretKey
 	bceCfg.Rate = 1e6

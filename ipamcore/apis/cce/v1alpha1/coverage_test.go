@@ -57,7 +57,13 @@ func typePaths(prefix string, typ reflect.Type) []string {
 		for i := 0; i < typ.NumField(); i++ {
 			field := typ.Field(i)
 			name, _, _ := strings.Cut(field.Tag.Get("json"), ",")
-			if field.Anonymous || name == "metadata" || name == "-" {
+			if field.Anonymous && name == "" {
+				// Inlined: TypeMeta's apiVersion and kind, the strategy
+				// fields of a PSTS subnet.
+				paths = append(paths, typePaths(prefix, field.Type)...)
+				continue
+			}
+			if name == "metadata" || name == "-" {
 				continue
 			}
 			p := name
@@ -72,15 +78,21 @@ func typePaths(prefix string, typ reflect.Type) []string {
 	}
 }
 
+// mapFields are the JSON names of the map-typed fields: the keys of their
+// objects are data (ENI IDs, subnet IDs, addresses, labels), not field names.
+var mapFields = []string{"enis", "subnets", "availableSubnets", "unavailableSubnets", "ipAllocations", "matchLabels"}
+
 // jsonPaths records the paths of a decoded JSON document in the same form,
-// with map keys below "enis" written as "*".
+// with the keys of map-typed fields written as "*".
 func jsonPaths(prefix string, v any, out map[string]bool) {
 	switch v := v.(type) {
 	case map[string]any:
 		for k, x := range v {
 			key := k
-			if strings.HasSuffix(prefix, ".enis") {
-				key = "*"
+			for _, f := range mapFields {
+				if strings.HasSuffix(prefix, "."+f) {
+					key = "*"
+				}
 			}
 			p := key
 			if prefix != "" {

@@ -1,6 +1,9 @@
 // Package v1alpha1 holds the Go types of the cce.io/v1alpha1 API group that
 // cce-ipam shares with the reference system (baiducloud-cce-cni-driver): the
-// WorkloadEndpoint (one per pod IP), the per-node IPPool and the Subnet.
+// WorkloadEndpoint (one per pod IP), the per-node IPPool, the Subnet, and the
+// PodSubnetTopologySpread (PSTS: which subnets, and which allocation
+// strategy, the pods it selects get their addresses from) with its table,
+// the PodSubnetTopologySpreadTable.
 //
 // The wire format is the reference's: same group, version, kinds, plural and
 // short names, JSON field names, labels, finalizer and object names, so that a
@@ -8,8 +11,10 @@
 // CRD schemas generated from these types check field types only, never
 // values, so every object the reference wrote stays valid; every object type
 // also keeps fields it does not know (x-kubernetes-preserve-unknown-fields),
-// so nothing the reference stored is pruned. None of the three kinds has a
-// status subresource: status is written with a plain Update, as before.
+// so nothing the reference stored is pruned. The WorkloadEndpoint, IPPool
+// and Subnet have no status subresource: status is written with a plain
+// Update, as before. The two PSTS kinds have one, as in the reference: their
+// status is written with UpdateStatus.
 //
 // A replica reads and writes these objects through the generated clientset,
 // informers and listers under ipamcore/generated:

@@ -9,6 +9,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	k8snet "k8s.io/utils/net"
 
 	v1 "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 )
@@ -155,6 +156,129 @@ func referenceFixtures() []fixture {
 				Reason:         "subnet has no more ip",
 			},
 		}},
+		{file: "reference/podsubnettopologyspread.json", resource: "podsubnettopologyspreads", want: &v1.PodSubnetTopologySpread{
+			TypeMeta: metav1.TypeMeta{APIVersion: "cce.io/v1alpha1", Kind: "PodSubnetTopologySpread"},
+			ObjectMeta: metav1.ObjectMeta{
+				Name:   "psts-web",
+				Labels: map[string]string{"app": "web"},
+			},
+			Spec:   pstsSpec("psts-web", 10, "web"),
+			Status: pstsStatus("psts-web"),
+		}},
+		{file: "reference/podsubnettopologyspreadtable.json", resource: "podsubnettopologyspreadtables", want: &v1.PodSubnetTopologySpreadTable{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "cce.io/v1alpha1", Kind: "PodSubnetTopologySpreadTable"},
+			ObjectMeta: metav1.ObjectMeta{Name: "pstt-shop"},
+			Spec:       []v1.PodSubnetTopologySpreadSpec{pstsSpec("psts-web", 10, "web"), pstsSpec("psts-api", 5, "api")},
+			Status:     []v1.PodSubnetTopologySpreadStatus{pstsStatus("psts-web"), pstsStatus("psts-api")},
+		}},
+	}
+}
+
+// pstsSpec is the spec of the PSTS fixtures: every field of the reference's
+// PSTS, IPv6 included, set.
+func pstsSpec(name string, priority int32, app string) v1.PodSubnetTopologySpreadSpec {
+	return v1.PodSubnetTopologySpreadSpec{
+		Name: name,
+		Subnets: map[string]v1.SubnetAllocation{
+			"sbn-fx0a1b2c": {
+				IPAllocationStrategy: v1.IPAllocationStrategy{
+					Type:                 v1.IPAllocTypeFixed,
+					ReleaseStrategy:      v1.ReleaseStrategyNever,
+					EnableReuseIPAddress: true,
+					TTL:                  &metav1.Duration{Duration: v1.DefaultReuseIPTTL},
+				},
+				IPv4:      []string{"10.0.5.10", "10.0.5.11"},
+				IPv6:      []string{"2400:da00:e003:5::10"},
+				IPv4Range: []string{"10.0.5.64/27"},
+				IPv6Range: []string{"2400:da00:e003:5::/120"},
+				Custom: []v1.CustomAllocation{
+					{
+						Family: k8snet.IPv4,
+						CustomIPRange: []v1.CustomIPRange{
+							{Start: "10.0.5.100", End: "10.0.5.120"},
+							{Start: "10.0.5.200", End: "10.0.5.200"},
+						},
+					},
+					{
+						Family:        k8snet.IPv6,
+						CustomIPRange: []v1.CustomIPRange{{Start: "2400:da00:e003:5::100", End: "2400:da00:e003:5::1ff"}},
+					},
+				},
+			},
+			"sbn-el3d4e5f": {IPAllocationStrategy: v1.IPAllocationStrategy{
+				Type:            v1.IPAllocTypeElastic,
+				ReleaseStrategy: v1.ReleaseStrategyTTL,
+			}},
+		},
+		Strategy: &v1.IPAllocationStrategy{
+			Type:                 v1.IPAllocTypeCustom,
+			ReleaseStrategy:      v1.ReleaseStrategyTTL,
+			EnableReuseIPAddress: true,
+			TTL:                  &metav1.Duration{Duration: 90 * time.Minute},
+		},
+		Selector: &metav1.LabelSelector{
+			MatchLabels: map[string]string{"app": app},
+			MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key:      "tier",
+				Operator: metav1.LabelSelectorOpIn,
+				Values:   []string{"front", "edge"},
+			}},
+		},
+		Priority:                 priority,
+		MaxSkew:                  2,
+		WhenUnsatisfiable:        v1.ScheduleAnyway,
+		EnableIPAllocationStatus: true,
+		EnablePodTopologySpread:  true,
+	}
+}
+
+// pstsStatus is the status of the PSTS fixtures, every field set.
+func pstsStatus(name string) v1.PodSubnetTopologySpreadStatus {
+	return v1.PodSubnetTopologySpreadStatus{
+		Name:                  name,
+		AvailableSubnetsNum:   2,
+		UnavailableSubnetsNum: 1,
+		AvailableSubnets: map[string]v1.SubnetPodStatus{
+			"sbn-fx0a1b2c": {
+				AvailableIPNum:   240,
+				Enable:           true,
+				HasNoMoreIP:      true,
+				ID:               "sbn-fx0a1b2c",
+				Name:             "psts-fixed",
+				AvailabilityZone: "zoneD",
+				CIDR:             "10.0.5.0/24",
+				IPv6CIDR:         "2400:da00:e003:5::/64",
+				PodCount:         2,
+				Message:          "subnet has no more ip",
+				IPAllocations:    map[string]string{"10.0.5.10": "web-0", "10.0.5.11": "web-1"},
+			},
+			"sbn-el3d4e5f": {
+				AvailableIPNum:   12,
+				Enable:           true,
+				ID:               "sbn-el3d4e5f",
+				Name:             "psts-elastic",
+				AvailabilityZone: "zoneD",
+				CIDR:             "10.0.6.0/28",
+				PodCount:         1,
+			},
+		},
+		UnavailableSubnets: map[string]v1.SubnetPodStatus{
+			"sbn-gone0001": {
+				AvailableIPNum:   1,
+				Enable:           true,
+				HasNoMoreIP:      true,
+				ID:               "sbn-gone0001",
+				Name:             "psts-other-zone",
+				AvailabilityZone: "zoneF",
+				CIDR:             "10.0.7.0/24",
+				IPv6CIDR:         "2400:da00:e003:7::/64",
+				PodCount:         3,
+				Message:          "subnet zone zoneF has no node",
+				IPAllocations:    map[string]string{"10.0.7.9": "web-9"},
+			},
+		},
+		PodMatchedCount:  4,
+		PodAffectedCount: 3,
 	}
 }
 
@@ -204,11 +328,11 @@ func legacyFixtures() []fixture {
 }
 
 func unknownFieldFixtures() []string {
-	return []string{"unknown/workloadendpoint.json", "unknown/ippool.json", "unknown/subnet.json"}
+	return []string{"unknown/workloadendpoint.json", "unknown/ippool.json", "unknown/subnet.json", "unknown/podsubnettopologyspread.json"}
 }
 
 // readFixture returns the bytes of a testdata file.
-func readFixture(t *testing.T, file string) []byte {
+func readFixture(t testing.TB, file string) []byte {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join("testdata", file))
 	if err != nil {
@@ -237,6 +361,10 @@ func newEmpty(obj runtime.Object) runtime.Object {
 		return &v1.IPPool{}
 	case *v1.Subnet:
 		return &v1.Subnet{}
+	case *v1.PodSubnetTopologySpread:
+		return &v1.PodSubnetTopologySpread{}
+	case *v1.PodSubnetTopologySpreadTable:
+		return &v1.PodSubnetTopologySpreadTable{}
 	}
 	panic("unexpected kind")
 }

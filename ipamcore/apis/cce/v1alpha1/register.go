@@ -28,8 +28,9 @@ func Resource(resource string) schema.GroupResource {
 var (
 	// SchemeBuilder registers this package's kinds with a runtime.Scheme.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
-	// AddToScheme adds WorkloadEndpoint, IPPool and Subnet (and their lists)
-	// to a scheme, e.g. for the generated clientset or a controller-runtime
+	// AddToScheme adds WorkloadEndpoint, IPPool, Subnet,
+	// PodSubnetTopologySpread and PodSubnetTopologySpreadTable (and their
+	// lists) to a scheme, e.g. for the generated clientset or a controller-runtime
 	// client.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
@@ -39,6 +40,8 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&WorkloadEndpoint{}, &WorkloadEndpointList{},
 		&IPPool{}, &IPPoolList{},
 		&Subnet{}, &SubnetList{},
+		&PodSubnetTopologySpread{}, &PodSubnetTopologySpreadList{},
+		&PodSubnetTopologySpreadTable{}, &PodSubnetTopologySpreadTableList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -121,7 +122,8 @@ func TestScheme_DecodesFixturesByKind(t *testing.T) {
 			}
 		})
 	}
-	for _, kind := range []string{"WorkloadEndpoint", "WorkloadEndpointList", "IPPool", "IPPoolList", "Subnet", "SubnetList"} {
+	for _, kind := range []string{"WorkloadEndpoint", "WorkloadEndpointList", "IPPool", "IPPoolList", "Subnet", "SubnetList",
+		"PodSubnetTopologySpread", "PodSubnetTopologySpreadList", "PodSubnetTopologySpreadTable", "PodSubnetTopologySpreadTableList"} {
 		if !scheme.Recognizes(v1.SchemeGroupVersion.WithKind(kind)) {
 			t.Errorf("scheme does not know %s", kind)
 		}
@@ -151,10 +153,42 @@ func TestDeepCopy_SharesNothing(t *testing.T) {
 				c.Status.ENI.ENIs["eni-new"] = v1.ENI{}
 			case *v1.Subnet:
 				c.Spec.ID = "changed"
+			case *v1.PodSubnetTopologySpread:
+				changePSTSSpec(&c.Spec)
+				changePSTSStatus(&c.Status)
+			case *v1.PodSubnetTopologySpreadTable:
+				changePSTSSpec(&c.Spec[0])
+				changePSTSStatus(&c.Status[1])
+				c.Spec = append(c.Spec[:1], v1.PodSubnetTopologySpreadSpec{})
 			}
 			if !equality.Semantic.DeepEqual(orig, f.want) {
 				t.Errorf("changing a deep copy changed the original:\n%s", pretty(orig))
 			}
 		})
 	}
+}
+
+// changePSTSSpec changes every map, slice and pointer of a fixture's PSTS
+// spec in place.
+func changePSTSSpec(s *v1.PodSubnetTopologySpreadSpec) {
+	fixed := s.Subnets["sbn-fx0a1b2c"]
+	fixed.IPv4[0] = "changed"
+	fixed.IPv6[0] = "changed"
+	fixed.IPv4Range[0] = "changed"
+	fixed.IPv6Range[0] = "changed"
+	fixed.Custom[0].CustomIPRange[0].Start = "changed"
+	fixed.TTL.Duration = time.Second
+	s.Subnets["sbn-new"] = v1.SubnetAllocation{}
+	s.Strategy.TTL.Duration = time.Second
+	s.Strategy.Type = "changed"
+	s.Selector.MatchLabels["app"] = "changed"
+	s.Selector.MatchExpressions[0].Values[0] = "changed"
+}
+
+// changePSTSStatus changes every map of a fixture's PSTS status in place.
+func changePSTSStatus(s *v1.PodSubnetTopologySpreadStatus) {
+	s.AvailableSubnets["sbn-fx0a1b2c"].IPAllocations["10.0.5.10"] = "changed"
+	s.AvailableSubnets["sbn-new"] = v1.SubnetPodStatus{}
+	s.UnavailableSubnets["sbn-gone0001"].IPAllocations["10.0.7.9"] = "changed"
+	delete(s.UnavailableSubnets, "sbn-gone0001")
 }

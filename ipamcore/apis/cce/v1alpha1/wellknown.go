@@ -1,5 +1,7 @@
 package v1alpha1
 
+import "time"
+
 // Labels of a WorkloadEndpoint.
 const (
 	// LabelSubnetID carries the subnet ID of the wep's IP. The BCC IPAM
@@ -66,6 +68,48 @@ const (
 	// that a pod's IP comes from; the PSTS mutating webhook sets it.
 	AnnotationPodSubnetTopologySpread = "cce.baidubce.com/PodSubnetTopologySpread"
 )
+
+// Values of IPAllocationStrategy.Type.
+const (
+	// IPAllocTypeNil (empty) means IPAllocTypeElastic.
+	IPAllocTypeNil IPAllocType = ""
+	// IPAllocTypeElastic takes any free address of the subnet, on a
+	// non-exclusive subnet.
+	IPAllocTypeElastic IPAllocType = "Elastic"
+	// IPAllocTypeFixed gives a StatefulSet pod ("<name>-<ordinal>") the same
+	// address, from the subnet's ipv4 / ipv4Range, across restarts.
+	IPAllocTypeFixed IPAllocType = "Fixed"
+	// IPAllocTypeManual takes a free address from the subnet's ipv4 /
+	// ipv4Range.
+	IPAllocTypeManual IPAllocType = "Manual"
+	// IPAllocTypeCustom takes a free address from the subnet's custom
+	// ranges, for any pod, and may give it back to the same pod name.
+	IPAllocTypeCustom IPAllocType = "Custom"
+)
+
+// Values of IPAllocationStrategy.ReleaseStrategy.
+const (
+	// ReleaseStrategyTTL (also when empty) releases an address TTL after its
+	// pod is gone.
+	ReleaseStrategyTTL ReleaseStrategy = "TTL"
+	// ReleaseStrategyNever keeps the address until the PSTS is deleted.
+	ReleaseStrategyNever ReleaseStrategy = "Never"
+)
+
+// Values of PodSubnetTopologySpreadSpec.WhenUnsatisfiable.
+const (
+	DoNotSchedule  UnsatisfiableConstraintAction = "DoNotSchedule"
+	ScheduleAnyway UnsatisfiableConstraintAction = "ScheduleAnyway"
+)
+
+// DefaultReuseIPTTL is the TTL of a Custom PSTS that reuses addresses and
+// sets none: how long a deleted pod's address waits for the pod to return.
+const DefaultReuseIPTTL = 7 * 24 * time.Hour
+
+// ResourceIP is the extended resource a PSTS pod requests one of (the
+// mutating webhook adds the request) and that nodes advertise, so that the
+// scheduler places no more PSTS pods on a node than its ENIs can address.
+const ResourceIP = "cce.baidubce.com/ip"
 
 // Node annotations written by the node agent.
 const (

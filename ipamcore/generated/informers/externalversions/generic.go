@@ -42,6 +42,10 @@ func (f *sharedInformerFactory) ForResource(resource schema.GroupVersionResource
 	// Group=cce.io, Version=v1alpha1
 	case v1alpha1.SchemeGroupVersion.WithResource("ippools"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Cce().V1alpha1().IPPools().Informer()}, nil
+	case v1alpha1.SchemeGroupVersion.WithResource("podsubnettopologyspreads"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Cce().V1alpha1().PodSubnetTopologySpreads().Informer()}, nil
+	case v1alpha1.SchemeGroupVersion.WithResource("podsubnettopologyspreadtables"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Cce().V1alpha1().PodSubnetTopologySpreadTables().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("subnets"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Cce().V1alpha1().Subnets().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("workloadendpoints"):

@@ -13,6 +13,22 @@ type IPPoolListerExpansion interface{}
 // IPPoolNamespaceLister.
 type IPPoolNamespaceListerExpansion interface{}
 
+// PodSubnetTopologySpreadListerExpansion allows custom methods to be added to
+// PodSubnetTopologySpreadLister.
+type PodSubnetTopologySpreadListerExpansion interface{}
+
+// PodSubnetTopologySpreadNamespaceListerExpansion allows custom methods to be added to
+// PodSubnetTopologySpreadNamespaceLister.
+type PodSubnetTopologySpreadNamespaceListerExpansion interface{}
+
+// PodSubnetTopologySpreadTableListerExpansion allows custom methods to be added to
+// PodSubnetTopologySpreadTableLister.
+type PodSubnetTopologySpreadTableListerExpansion interface{}
+
+// PodSubnetTopologySpreadTableNamespaceListerExpansion allows custom methods to be added to
+// PodSubnetTopologySpreadTableNamespaceLister.
+type PodSubnetTopologySpreadTableNamespaceListerExpansion interface{}
+
 // SubnetListerExpansion allows custom methods to be added to
 // SubnetLister.
 type SubnetListerExpansion interface{}

@@ -13,6 +13,10 @@ import (
 type Interface interface {
 	// IPPools returns a IPPoolInformer.
 	IPPools() TypedIPPoolInformer
+	// PodSubnetTopologySpreads returns a PodSubnetTopologySpreadInformer.
+	PodSubnetTopologySpreads() TypedPodSubnetTopologySpreadInformer
+	// PodSubnetTopologySpreadTables returns a PodSubnetTopologySpreadTableInformer.
+	PodSubnetTopologySpreadTables() TypedPodSubnetTopologySpreadTableInformer
 	// Subnets returns a SubnetInformer.
 	Subnets() TypedSubnetInformer
 	// WorkloadEndpoints returns a WorkloadEndpointInformer.
@@ -33,6 +37,16 @@ func New(f internalinterfaces.SharedInformerFactory, namespace string, tweakList
 // IPPools returns a TypedIPPoolInformer.
 func (v *version) IPPools() TypedIPPoolInformer {
 	return &iPPoolInformer{factory: v.factory, namespace: v.namespace, tweakListOptions: v.tweakListOptions}
+}
+
+// PodSubnetTopologySpreads returns a TypedPodSubnetTopologySpreadInformer.
+func (v *version) PodSubnetTopologySpreads() TypedPodSubnetTopologySpreadInformer {
+	return &podSubnetTopologySpreadInformer{factory: v.factory, namespace: v.namespace, tweakListOptions: v.tweakListOptions}
+}
+
+// PodSubnetTopologySpreadTables returns a TypedPodSubnetTopologySpreadTableInformer.
+func (v *version) PodSubnetTopologySpreadTables() TypedPodSubnetTopologySpreadTableInformer {
+	return &podSubnetTopologySpreadTableInformer{factory: v.factory, namespace: v.namespace, tweakListOptions: v.tweakListOptions}
 }
 
 // Subnets returns a TypedSubnetInformer.

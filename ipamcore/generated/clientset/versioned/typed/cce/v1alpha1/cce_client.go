@@ -16,6 +16,8 @@ import (
 type CceV1alpha1Interface interface {
 	RESTClient() rest.Interface
 	IPPoolsGetter
+	PodSubnetTopologySpreadsGetter
+	PodSubnetTopologySpreadTablesGetter
 	SubnetsGetter
 	WorkloadEndpointsGetter
 }
@@ -27,6 +29,14 @@ type CceV1alpha1Client struct {
 
 func (c *CceV1alpha1Client) IPPools(namespace string) IPPoolInterface {
 	return newIPPools(c, namespace)
+}
+
+func (c *CceV1alpha1Client) PodSubnetTopologySpreads(namespace string) PodSubnetTopologySpreadInterface {
+	return newPodSubnetTopologySpreads(c, namespace)
+}
+
+func (c *CceV1alpha1Client) PodSubnetTopologySpreadTables(namespace string) PodSubnetTopologySpreadTableInterface {
+	return newPodSubnetTopologySpreadTables(c, namespace)
 }
 
 func (c *CceV1alpha1Client) Subnets(namespace string) SubnetInterface {

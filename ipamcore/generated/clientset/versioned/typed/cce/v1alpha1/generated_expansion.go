@@ -7,6 +7,10 @@ package v1alpha1
 
 type IPPoolExpansion interface{}
 
+type PodSubnetTopologySpreadExpansion interface{}
+
+type PodSubnetTopologySpreadTableExpansion interface{}
+
 type SubnetExpansion interface{}
 
 type WorkloadEndpointExpansion interface{}

@@ -19,6 +19,14 @@ func (c *FakeCceV1alpha1) IPPools(namespace string) v1alpha1.IPPoolInterface {
 	return newFakeIPPools(c, namespace)
 }
 
+func (c *FakeCceV1alpha1) PodSubnetTopologySpreads(namespace string) v1alpha1.PodSubnetTopologySpreadInterface {
+	return newFakePodSubnetTopologySpreads(c, namespace)
+}
+
+func (c *FakeCceV1alpha1) PodSubnetTopologySpreadTables(namespace string) v1alpha1.PodSubnetTopologySpreadTableInterface {
+	return newFakePodSubnetTopologySpreadTables(c, namespace)
+}
+
 func (c *FakeCceV1alpha1) Subnets(namespace string) v1alpha1.SubnetInterface {
 	return newFakeSubnets(c, namespace)
 }

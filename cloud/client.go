@@ -702,6 +702,58 @@ func (c *Client) BatchAddPrivateIPs(ctx context.Context, eniID string, req Batch
 	return got, err
 }
 
+// BatchAddPrivateIPsCrossSubnet implements Provider. The request has the
+// upstream's shape: a count names the subnet at the top, explicit addresses
+// each name theirs (and the top-level subnetId is sent empty).
+func (c *Client) BatchAddPrivateIPsCrossSubnet(ctx context.Context, eniID string, req CrossSubnetAddRequest) ([]string, error) {
+	const op = "BatchAddPrivateIPCrossSubnet"
+	if err := checkCrossSubnetAdd(op, eniID, req); err != nil {
+		return nil, err
+	}
+	args := &eni.EniBatchAddPrivateIpCrossSubnetArgs{
+		EniId:       eniID,
+		ClientToken: newClientToken(),
+		IsIpv6:      req.IPv6,
+	}
+	if req.Count > 0 {
+		args.SubnetId, args.PrivateIpAddressCount = req.SubnetID, req.Count
+	}
+	for _, ip := range req.IPs {
+		args.PrivateIps = append(args.PrivateIps, eni.PrivateIpArgs{PrivateIpAddress: ip, SubnetId: req.SubnetID})
+	}
+	var got []string
+	err := c.do(ctx, op, eniID, func(s *sdkSet) error {
+		res, err := s.eni.BatchAddPrivateIpCrossSubnet(args)
+		if err == nil {
+			got = res.PrivateIpAddresses
+		}
+		return err
+	})
+	return got, err
+}
+
+// checkCrossSubnetAdd refuses what BCE would refuse for its form, before a
+// token is spent on it.
+func checkCrossSubnetAdd(op, eniID string, req CrossSubnetAddRequest) *Error {
+	switch {
+	case !validID(eniID):
+		return invalid(op, eniID, "malformed ENI ID")
+	case !validID(req.SubnetID):
+		return invalid(op, eniID, "malformed subnet ID %q", req.SubnetID)
+	case (req.Count > 0) == (len(req.IPs) > 0) || req.Count < 0:
+		return invalid(op, eniID, "give either a positive count or explicit addresses")
+	case req.Count > MaxBatchIPs || len(req.IPs) > MaxBatchIPs:
+		return invalid(op, eniID, "at most %d addresses per call", MaxBatchIPs)
+	}
+	for _, ip := range req.IPs {
+		a, err := netip.ParseAddr(ip)
+		if err != nil || a.Zone() != "" || a.Is4In6() || a.Is6() != req.IPv6 {
+			return invalid(op, eniID, "malformed address %q for IPv6=%v", ip, req.IPv6)
+		}
+	}
+	return nil
+}
+
 // DeletePrivateIP implements Provider.
 func (c *Client) DeletePrivateIP(ctx context.Context, eniID, ip string) error {
 	const op = "DeletePrivateIP"

@@ -79,17 +79,20 @@ type OpLimit struct {
 
 // DefaultOpLimits is the upstream's client-side flow-control table
 // (cce-network-v2 flow_control.go) for the operations this client makes.
+// The table names no limit for the cross-subnet add; it gets the batch
+// add's, as BCE (and bce-sim) limit it on its own.
 func DefaultOpLimits() map[string]OpLimit {
 	return map[string]OpLimit{
-		"BatchAddPrivateIP":    {5, 10},
-		"BatchDeletePrivateIP": {5, 10},
-		"CreateENI":            {5, 5},
-		"AttachENI":            {5, 5},
-		"DeleteENI":            {1, 1},
-		"ListENIs":             {1, 1},
-		"DescribeSubnet":       {5, 10},
-		"ListSubnets":          {1, 1},
-		"GetInstance":          {5, 10},
+		"BatchAddPrivateIP":            {5, 10},
+		"BatchAddPrivateIPCrossSubnet": {5, 10},
+		"BatchDeletePrivateIP":         {5, 10},
+		"CreateENI":                    {5, 5},
+		"AttachENI":                    {5, 5},
+		"DeleteENI":                    {1, 1},
+		"ListENIs":                     {1, 1},
+		"DescribeSubnet":               {5, 10},
+		"ListSubnets":                  {1, 1},
+		"GetInstance":                  {5, 10},
 	}
 }
 

@@ -31,6 +31,11 @@ type Provider interface {
 	AddPrivateIP(ctx context.Context, eniID, ip string) (string, error)
 	// BatchAddPrivateIPs adds up to MaxBatchIPs addresses, by count or explicitly.
 	BatchAddPrivateIPs(ctx context.Context, eniID string, req BatchAddRequest) ([]string, error)
+	// BatchAddPrivateIPsCrossSubnet adds up to MaxBatchIPs addresses of
+	// another subnet of the ENI's VPC and zone (or of its own), by count or
+	// explicitly; BCE has to have the feature enabled for the account. The
+	// addresses are released like any other (DeletePrivateIP).
+	BatchAddPrivateIPsCrossSubnet(ctx context.Context, eniID string, req CrossSubnetAddRequest) ([]string, error)
 	// DeletePrivateIP releases one secondary address.
 	DeletePrivateIP(ctx context.Context, eniID, ip string) error
 	// BatchDeletePrivateIPs releases several secondary addresses at once.
@@ -123,6 +128,17 @@ type CreateENIRequest struct {
 type BatchAddRequest struct {
 	Count int
 	IPs   []string
+}
+
+// CrossSubnetAddRequest asks for Count auto-assigned addresses of SubnetID,
+// or for the explicit IPs, which must lie in SubnetID; not both, and either
+// way at most MaxBatchIPs. IPv6 asks for IPv6 addresses (explicit ones must
+// then all be IPv6, otherwise all IPv4).
+type CrossSubnetAddRequest struct {
+	SubnetID string
+	Count    int
+	IPs      []string
+	IPv6     bool
 }
 
 // Subnet is a VPC subnet.

@@ -48,6 +48,7 @@ func FuzzRequestDecoding(f *testing.F) {
 	f.Add("POST", "/v1/eni", "clientToken=x", []byte(`{"name":"c/i/n/1","subnetId":"sbn-a","securityGroupIds":["g"],"privateIpSet":[{"primary":true,"privateIpAddress":""}]}`))
 	f.Add("POST", "/v1/eni/{eni}/privateIp/batchAdd", "", []byte(`{"privateIpAddresses":[],"privateIpAddressCount":3}`))
 	f.Add("POST", "/v1/eni/{eni}/privateIp/batchAddCrossSubnet", "", []byte(`{"subnetId":"sbn-b","privateIps":null,"privateIpAddressCount":2}`))
+	f.Add("POST", "/v1/eni/{eni}/privateIp/batchAddCrossSubnet", "", []byte(`{"subnetId":"","privateIps":[{"privateIpAddress":"10.0.1.3","subnetId":"sbn-b"}]}`))
 	f.Add("POST", "/v1/eni/{eni}/privateIp", "", []byte(`{"privateIpAddress":"10.0.0.9"}`))
 	f.Add("POST", "/v1/eni/{eni}/privateIp/batchDel", "", []byte(`{"privateIpAddresses":["10.0.0.9","10.0.0.10"]}`))
 	f.Add("DELETE", "/v1/eni/{eni}/privateIp/10.0.0.9", "", []byte(nil))

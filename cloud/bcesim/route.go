@@ -311,8 +311,10 @@ func decodeBatchAdd(body []byte) (AddIPsInput, *APIError) {
 	return in, nil
 }
 
-// decodeCrossSubnetAdd reads a cross-subnet batch add; an address without a
-// subnet is in the call's.
+// decodeCrossSubnetAdd reads a cross-subnet batch add: a count of addresses
+// of subnetId, or explicit addresses, each in its own subnetId (the call's
+// when empty, the ENI's when both are; the SDK sends the call's empty with
+// explicit addresses).
 func decodeCrossSubnetAdd(body []byte) (AddIPsInput, *APIError) {
 	var b crossSubnetBody
 	if err := decodeJSON(body, &b); err != nil {
@@ -321,8 +323,17 @@ func decodeCrossSubnetAdd(body []byte) (AddIPsInput, *APIError) {
 	if b.IsIPv6 {
 		return AddIPsInput{}, errNoIPv6
 	}
+	switch {
+	case len(b.PrivateIPs) > 0 && b.PrivateIPAddressCount > 0:
+		return AddIPsInput{}, errBadParam("give either privateIps or privateIpAddressCount, not both")
+	case b.PrivateIPAddressCount > 0 && b.SubnetID == "":
+		return AddIPsInput{}, errBadParam("privateIpAddressCount needs the subnetId to take the addresses from")
+	}
 	in := AddIPsInput{Count: b.PrivateIPAddressCount, CountSubnet: b.SubnetID}
 	for _, p := range b.PrivateIPs {
+		if p.PrivateIPAddress == "" {
+			return AddIPsInput{}, errBadParam("privateIps holds an entry without privateIpAddress")
+		}
 		sid := p.SubnetID
 		if sid == "" {
 			sid = b.SubnetID

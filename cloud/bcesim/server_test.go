@@ -3,6 +3,7 @@ package bcesim_test
 import (
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -214,6 +215,93 @@ func TestServer_SDKSecondaryCalls(t *testing.T) {
 		}}})
 	if err != nil || len(res.PrivateIpAddresses) != 1 || res.PrivateIpAddresses[0] != "10.0.1.9" {
 		t.Fatalf("explicit cross-subnet add: %+v %v", res, err)
+	}
+	if err := w.srv.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The cross-subnet add refuses what names no address or no subnet, and its
+// errors are BCE's: subnet exhausted, address taken, address outside the
+// subnet, unknown subnet; nothing is allocated by a refused call.
+func TestServer_CrossSubnetAddRefusals(t *testing.T) {
+	w := startWorld(t, bcesim.Config{})
+	c := newSDK(t, w.url, testAK, testSK)
+	id := createENI(t, c, w, "n")
+	other := createENI(t, c, w, "o")
+	add := func(args eni.EniBatchAddPrivateIpCrossSubnetArgs) (*eni.BatchAddPrivateIpResult, error) {
+		args.EniId = id
+		return c.eni.BatchAddPrivateIpCrossSubnet(&args)
+	}
+	free := func() int {
+		sn, err := c.vpc.GetSubnetDetail(w.subnet2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sn.Subnet.AvailableIp
+	}
+	free0 := free()
+	for _, tc := range []struct {
+		name string
+		args eni.EniBatchAddPrivateIpCrossSubnetArgs
+		code string
+	}{
+		{"count without a subnet", eni.EniBatchAddPrivateIpCrossSubnetArgs{PrivateIpAddressCount: 1}, bcesim.CodeInvalidParameter},
+		{"count and addresses", eni.EniBatchAddPrivateIpCrossSubnetArgs{SubnetId: w.subnet2, PrivateIpAddressCount: 1,
+			PrivateIps: []eni.PrivateIpArgs{{PrivateIpAddress: "10.0.1.5", SubnetId: w.subnet2}}}, bcesim.CodeInvalidParameter},
+		{"an entry without an address", eni.EniBatchAddPrivateIpCrossSubnetArgs{
+			PrivateIps: []eni.PrivateIpArgs{{SubnetId: w.subnet2}}}, bcesim.CodeInvalidParameter},
+		{"neither", eni.EniBatchAddPrivateIpCrossSubnetArgs{SubnetId: w.subnet2}, bcesim.CodeInvalidParameter},
+		{"eleven", eni.EniBatchAddPrivateIpCrossSubnetArgs{SubnetId: w.subnet2, PrivateIpAddressCount: 11}, bcesim.CodeInvalidParameter},
+		{"ipv6", eni.EniBatchAddPrivateIpCrossSubnetArgs{SubnetId: w.subnet2, PrivateIpAddressCount: 1, IsIpv6: true}, bcesim.CodeInvalidParameter},
+		{"unknown subnet", eni.EniBatchAddPrivateIpCrossSubnetArgs{SubnetId: "sbn-none", PrivateIpAddressCount: 1}, bcesim.CodeNoSuchObject},
+		{"address outside the subnet", eni.EniBatchAddPrivateIpCrossSubnetArgs{
+			PrivateIps: []eni.PrivateIpArgs{{PrivateIpAddress: "10.0.0.50", SubnetId: w.subnet2}}}, bcesim.CodeIPOutsideSubnet},
+		{"the subnet's gateway", eni.EniBatchAddPrivateIpCrossSubnetArgs{
+			PrivateIps: []eni.PrivateIpArgs{{PrivateIpAddress: "10.0.1.1", SubnetId: w.subnet2}}}, bcesim.CodePrivateIPInUse},
+		{"one free, one outside: neither taken", eni.EniBatchAddPrivateIpCrossSubnetArgs{PrivateIps: []eni.PrivateIpArgs{
+			{PrivateIpAddress: "10.0.1.5", SubnetId: w.subnet2},
+			{PrivateIpAddress: "10.0.1.99", SubnetId: w.subnet2},
+		}}, bcesim.CodeIPOutsideSubnet},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := add(tc.args)
+			if err == nil {
+				t.Fatalf("accepted: %v", res.PrivateIpAddresses)
+			}
+			if se := svcErr(t, err); se.Code != tc.code {
+				t.Fatalf("code %q (%v), want %q", se.Code, se, tc.code)
+			}
+			if n := free(); n != free0 {
+				t.Fatalf("availableIp of %s is %d after a refused call, want %d", w.subnet2, n, free0)
+			}
+		})
+	}
+
+	// An address another ENI took across subnets is in use; the subnet
+	// running out is reported as such, for the subnet asked for.
+	if _, err := c.eni.BatchAddPrivateIpCrossSubnet(&eni.EniBatchAddPrivateIpCrossSubnetArgs{EniId: other,
+		PrivateIps: []eni.PrivateIpArgs{{
+			PrivateIpAddress: "10.0.1.5",
+			SubnetId:         w.subnet2,
+		}}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := add(eni.EniBatchAddPrivateIpCrossSubnetArgs{PrivateIps: []eni.PrivateIpArgs{{PrivateIpAddress: "10.0.1.5", SubnetId: w.subnet2}}})
+	if se := svcErr(t, err); se.Code != bcesim.CodePrivateIPInUse {
+		t.Fatalf("address of another eni: %v", se)
+	}
+	for left := free0 - 1; left > 0; left -= min(left, bcesim.MaxBatchIPs) {
+		if _, err := add(eni.EniBatchAddPrivateIpCrossSubnetArgs{SubnetId: w.subnet2, PrivateIpAddressCount: min(left, bcesim.MaxBatchIPs)}); err != nil {
+			t.Fatalf("the rest of %s: %v", w.subnet2, err)
+		}
+	}
+	if n := free(); n != 0 {
+		t.Fatalf("availableIp of %s is %d, want 0", w.subnet2, n)
+	}
+	_, err = add(eni.EniBatchAddPrivateIpCrossSubnetArgs{SubnetId: w.subnet2, PrivateIpAddressCount: 1})
+	if se := svcErr(t, err); se.Code != bcesim.CodeSubnetNoMoreIP || !strings.Contains(se.Message, w.subnet2) {
+		t.Fatalf("add from an exhausted subnet: %v", se)
 	}
 	if err := w.srv.Check(); err != nil {
 		t.Fatal(err)

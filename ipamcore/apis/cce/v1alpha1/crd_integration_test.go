@@ -43,13 +43,13 @@ func TestMain(m *testing.M) {
 var crdDir = filepath.Join("..", "..", "..", "..", "charts", "cce-ipam", "crds")
 
 // The chart installs the CRDs; the API server reports the kinds with the
-// reference's names, short names and scope, and without a status
-// subresource.
+// reference's names, short names and scope, and a status subresource only
+// for the PSTS kinds.
 func TestCRDs_InstallFromChart(t *testing.T) {
 	ctx := testContext(t)
 	crds := chartCRDs(t)
-	if len(crds) != 3 {
-		t.Fatalf("%s has %d CRDs, want 3", crdDir, len(crds))
+	if len(crds) != 5 {
+		t.Fatalf("%s has %d CRDs, want 5", crdDir, len(crds))
 	}
 	applyCRDs(ctx, t, crds, true)
 
@@ -65,10 +65,13 @@ func TestCRDs_InstallFromChart(t *testing.T) {
 	for _, want := range []struct {
 		plural, kind string
 		short        []string
+		status       bool
 	}{
-		{"workloadendpoints", "WorkloadEndpoint", []string{"wep"}},
-		{"ippools", "IPPool", []string{"pool", "ipl"}},
-		{"subnets", "Subnet", []string{"sbn"}},
+		{"workloadendpoints", "WorkloadEndpoint", []string{"wep"}, false},
+		{"ippools", "IPPool", []string{"pool", "ipl"}, false},
+		{"subnets", "Subnet", []string{"sbn"}, false},
+		{"podsubnettopologyspreads", "PodSubnetTopologySpread", []string{"psts"}, true},
+		{"podsubnettopologyspreadtables", "PodSubnetTopologySpreadTable", []string{"pstt"}, true},
 	} {
 		r, ok := got[want.plural]
 		if !ok {
@@ -79,8 +82,8 @@ func TestCRDs_InstallFromChart(t *testing.T) {
 			t.Errorf("%s: kind %s namespaced %v short names %v; want %s, true, %v",
 				want.plural, r.Kind, r.Namespaced, r.ShortNames, want.kind, want.short)
 		}
-		if _, ok := got[want.plural+"/status"]; ok {
-			t.Errorf("%s has a status subresource; the reference writes status with Update", want.plural)
+		if _, ok := got[want.plural+"/status"]; ok != want.status {
+			t.Errorf("%s: status subresource %v, want %v (as the reference)", want.plural, ok, want.status)
 		}
 	}
 }
@@ -99,10 +102,10 @@ func TestCRDs_ReferenceObjects_RoundTrip(t *testing.T) {
 
 	all := append(referenceFixtures(), legacyFixtures()...)
 	for _, f := range all {
-		createRaw(ctx, t, rc, ns, f.resource, readFixture(t, f.file))
+		createFixture(ctx, t, rc, ns, f.resource, readFixture(t, f.file))
 	}
 	for _, file := range unknownFieldFixtures() {
-		createRaw(ctx, t, rc, ns, resourceOf(t, readFixture(t, file)), readFixture(t, file))
+		createFixture(ctx, t, rc, ns, resourceOf(t, readFixture(t, file)), readFixture(t, file))
 	}
 	for _, f := range all {
 		assertStoredAsWritten(ctx, t, rc, ns, f.resource, readFixture(t, f.file))
@@ -160,10 +163,10 @@ func TestCRDs_AdoptObjectsWrittenUnderReferenceCRDs(t *testing.T) {
 
 	all := append(referenceFixtures(), legacyFixtures()...)
 	for _, f := range all {
-		createRaw(ctx, t, rc, ns, f.resource, readFixture(t, f.file))
+		createFixture(ctx, t, rc, ns, f.resource, readFixture(t, f.file))
 	}
 	for _, file := range unknownFieldFixtures() {
-		createRaw(ctx, t, rc, ns, resourceOf(t, readFixture(t, file)), readFixture(t, file))
+		createFixture(ctx, t, rc, ns, resourceOf(t, readFixture(t, file)), readFixture(t, file))
 	}
 
 	applyCRDs(ctx, t, ours, true)
@@ -209,7 +212,7 @@ func TestCRDs_Informer_ListAndWatch(t *testing.T) {
 	rc := cs.CceV1alpha1().RESTClient()
 	t.Cleanup(func() { removeFinalizers(t, cs, ns) })
 	for _, f := range referenceFixtures() {
-		createRaw(ctx, t, rc, ns, f.resource, readFixture(t, f.file))
+		createFixture(ctx, t, rc, ns, f.resource, readFixture(t, f.file))
 	}
 
 	factory := externalversions.NewSharedInformerFactoryWithOptions(cs, 0, externalversions.WithNamespace(ns))
@@ -356,6 +359,15 @@ func TestCRDs_RejectCorruptObjects(t *testing.T) {
 			`{"status":{"eni":{"enis":{"eni-1":{"addresses":[{"isPrimary":"yes"}]}}}}}`, "isPrimary"},
 		{"subnet availableIPNum is a string", "subnets", `{"status":{"availableIPNum":"many"}}`, "status.availableIPNum"},
 		{"subnet exclusive is a string", "subnets", `{"spec":{"exclusive":"yes"}}`, "spec.exclusive"},
+		{"psts priority is a string", "podsubnettopologyspreads", `{"spec":{"priority":"high"}}`, "spec.priority"},
+		{"psts subnets is a list", "podsubnettopologyspreads", `{"spec":{"subnets":["sbn-1"]}}`, "spec.subnets"},
+		{"psts ttl is a number", "podsubnettopologyspreads", `{"spec":{"strategy":{"ttl":3600}}}`, "spec.strategy.ttl"},
+		{"psts subnet ipv4 is a string", "podsubnettopologyspreads", `{"spec":{"subnets":{"sbn-1":{"ipv4":"10.0.0.9"}}}}`,
+			"spec.subnets.sbn-1.ipv4"},
+		{"psts custom range start is a number", "podsubnettopologyspreads",
+			`{"spec":{"subnets":{"sbn-1":{"custom":[{"customIPRange":[{"start":1}]}]}}}}`, "start"},
+		{"psts selector is a string", "podsubnettopologyspreads", `{"spec":{"selector":"app=web"}}`, "spec.selector"},
+		{"pstt spec is an object", "podsubnettopologyspreadtables", `{"spec":{"name":"x"}}`, "spec"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			body := corruptObject(t, tc.resource, "corrupt", tc.body)
@@ -389,8 +401,139 @@ func TestCRDs_RejectCorruptObjects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(weps.Items) + len(pools.Items) + len(subnets.Items); n != 0 {
+	pstss, err := cs.CceV1alpha1().PodSubnetTopologySpreads(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pstts, err := cs.CceV1alpha1().PodSubnetTopologySpreadTables(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(weps.Items) + len(pools.Items) + len(subnets.Items) + len(pstss.Items) + len(pstts.Items); n != 0 {
 		t.Errorf("%d corrupt objects were stored", n)
+	}
+}
+
+// The PSTS kinds have a status subresource, as in the reference: create and
+// Update keep the stored status and write the spec, UpdateStatus writes the
+// status and keeps the spec, and a status of the wrong shape is refused. The
+// generated informers see both kinds of write.
+func TestCRDs_PSTS_StatusSubresource(t *testing.T) {
+	ctx := testContext(t)
+	applyCRDs(ctx, t, chartCRDs(t), true)
+	ns := cp.Namespace(t)
+	cs := versioned.NewForConfigOrDie(cp.Config)
+	pstsClient := cs.CceV1alpha1().PodSubnetTopologySpreads(ns)
+
+	factory := externalversions.NewSharedInformerFactoryWithOptions(cs, 0, externalversions.WithNamespace(ns))
+	informer := factory.Cce().V1alpha1().PodSubnetTopologySpreads()
+	seen := make(chan *cce.PodSubnetTopologySpread, 10)
+	if _, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { seen <- obj.(*cce.PodSubnetTopologySpread) },
+		UpdateFunc: func(_, obj any) { seen <- obj.(*cce.PodSubnetTopologySpread) },
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	factory.Start(stop)
+	defer func() {
+		close(stop)
+		factory.Shutdown()
+	}()
+	factory.WaitForCacheSync(ctx.Done())
+	// next waits for the informer's view of the PSTS at resourceVersion rv.
+	next := func(rv string) *cce.PodSubnetTopologySpread {
+		t.Helper()
+		for {
+			select {
+			case p := <-seen:
+				if p.ResourceVersion == rv {
+					return p
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("the informer did not see resourceVersion %s", rv)
+			}
+		}
+	}
+
+	want := referenceFixtures()[3].want.(*cce.PodSubnetTopologySpread)
+	obj := want.DeepCopy()
+	obj.ResourceVersion = ""
+	created, err := pstsClient.Create(ctx, obj, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(created.Spec, want.Spec) || !equality.Semantic.DeepEqual(created.Status, cce.PodSubnetTopologySpreadStatus{}) {
+		t.Fatalf("created spec\n%s\nstatus\n%s\nwant the fixture's spec and no status", pretty(created.Spec), pretty(created.Status))
+	}
+	next(created.ResourceVersion)
+
+	withStatus := created.DeepCopy()
+	withStatus.Status = want.Status
+	withStatus.Spec.Priority = 99 // ignored by UpdateStatus
+	updated, err := pstsClient.UpdateStatus(ctx, withStatus, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(updated.Status, want.Status) || updated.Spec.Priority != want.Spec.Priority {
+		t.Fatalf("after UpdateStatus: priority %d, status\n%s\nwant priority %d and the fixture's status",
+			updated.Spec.Priority, pretty(updated.Status), want.Spec.Priority)
+	}
+	if got := next(updated.ResourceVersion); !equality.Semantic.DeepEqual(got.Status, want.Status) {
+		t.Fatalf("informer after UpdateStatus: status\n%s", pretty(got.Status))
+	}
+
+	specChange := updated.DeepCopy()
+	specChange.Spec.Priority = 7
+	specChange.Status.PodAffectedCount = 1000 // ignored by Update
+	updated, err = pstsClient.Update(ctx, specChange, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if updated.Spec.Priority != 7 || updated.Status.PodAffectedCount != want.Status.PodAffectedCount {
+		t.Fatalf("after Update: priority %d podAffectedCount %d; want 7 and %d (kept)", updated.Spec.Priority,
+			updated.Status.PodAffectedCount, want.Status.PodAffectedCount)
+	}
+	if got := next(updated.ResourceVersion); got.Spec.Priority != 7 {
+		t.Fatalf("informer after Update: priority %d, want 7", got.Spec.Priority)
+	}
+	cached, err := informer.Lister().PodSubnetTopologySpreads(ns).Get(want.Name)
+	if err != nil || cached.ResourceVersion != updated.ResourceVersion {
+		t.Fatalf("lister: %v %v, want resourceVersion %s", cached, err, updated.ResourceVersion)
+	}
+
+	// A status of the wrong shape is refused by the schema.
+	rc := cs.CceV1alpha1().RESTClient()
+	raw := getRaw(ctx, t, rc, ns, "podsubnettopologyspreads", want.Name)
+	raw["status"] = map[string]any{"availableSubnets": map[string]any{"sbn-1": map[string]any{"podCount": "two"}}}
+	data, err := json.Marshal(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = rc.Put().Namespace(ns).Resource("podsubnettopologyspreads").Name(want.Name).SubResource("status").
+		SetHeader("Content-Type", "application/json").SetHeader("Accept", "application/json").Body(data).Do(ctx).Error()
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "status.availableSubnets.sbn-1.podCount") {
+		t.Fatalf("corrupt status: %v, want Invalid naming status.availableSubnets.sbn-1.podCount", err)
+	}
+
+	// The table: the same through its own typed client.
+	table := referenceFixtures()[4].want.(*cce.PodSubnetTopologySpreadTable).DeepCopy()
+	tables := cs.CceV1alpha1().PodSubnetTopologySpreadTables(ns)
+	createdTable, err := tables.Create(ctx, table, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if createdTable.Status != nil || !equality.Semantic.DeepEqual(createdTable.Spec, table.Spec) {
+		t.Fatalf("created table: %d statuses, spec equal %v; want none and the fixture's spec",
+			len(createdTable.Status), equality.Semantic.DeepEqual(createdTable.Spec, table.Spec))
+	}
+	createdTable.Status = table.Status
+	updatedTable, err := tables.UpdateStatus(ctx, createdTable, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(updatedTable.Status, table.Status) {
+		t.Fatalf("table status after UpdateStatus:\n%s", pretty(updatedTable.Status))
 	}
 }
 
@@ -426,8 +569,8 @@ func chartCRDs(t *testing.T) []*apiextensionsv1.CustomResourceDefinition {
 }
 
 // referenceStyle turns one of our CRDs into what the reference installs: the
-// same names, a schema that only says "object, keep everything", no printer
-// columns and no subresources.
+// same names and subresources (status for the PSTS kinds), a schema that only
+// says "object, keep everything", no printer columns.
 func referenceStyle(crd *apiextensionsv1.CustomResourceDefinition) *apiextensionsv1.CustomResourceDefinition {
 	crd = crd.DeepCopy()
 	for i := range crd.Spec.Versions {
@@ -437,7 +580,6 @@ func referenceStyle(crd *apiextensionsv1.CustomResourceDefinition) *apiextension
 			XPreserveUnknownFields: ptr.To(true),
 		}}
 		v.AdditionalPrinterColumns = nil
-		v.Subresources = nil
 		v.SelectableFields = nil // the reference's CRDs declare none
 	}
 	return crd
@@ -479,9 +621,11 @@ func applyCRDs(ctx context.Context, t *testing.T, crds []*apiextensionsv1.Custom
 	// Probe with a dry-run create in a namespace that always exists.
 	rc := versioned.NewForConfigOrDie(cp.Config).CceV1alpha1().RESTClient()
 	probes := map[string]string{
-		"workloadendpoints": `{"spec":{"ip":1}}`,
-		"ippools":           `{"spec":{"priority":"x"}}`,
-		"subnets":           `{"spec":{"exclusive":"x"}}`,
+		"workloadendpoints":             `{"spec":{"ip":1}}`,
+		"ippools":                       `{"spec":{"priority":"x"}}`,
+		"subnets":                       `{"spec":{"exclusive":"x"}}`,
+		"podsubnettopologyspreads":      `{"spec":{"priority":"x"}}`,
+		"podsubnettopologyspreadtables": `{"spec":"x"}`,
 	}
 	for resource, spec := range probes {
 		body := corruptObject(t, resource, "schema-probe", spec)
@@ -512,16 +656,54 @@ func condition(crd *apiextensionsv1.CustomResourceDefinition, typ apiextensionsv
 // fragment with the top-level spec and/or status.
 func corruptObject(t *testing.T, resource, name, fragment string) []byte {
 	t.Helper()
-	kinds := map[string]string{"workloadendpoints": "WorkloadEndpoint", "ippools": "IPPool", "subnets": "Subnet"}
 	obj := jsonMap(t, []byte(fragment))
 	obj["apiVersion"] = cce.SchemeGroupVersion.String()
-	obj["kind"] = kinds[resource]
+	obj["kind"] = kindOf[resource]
 	obj["metadata"] = map[string]any{"name": name}
 	data, err := json.Marshal(obj)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return data
+}
+
+// kindOf maps the plural of each kind of the group to the kind.
+var kindOf = map[string]string{
+	"workloadendpoints":             "WorkloadEndpoint",
+	"ippools":                       "IPPool",
+	"subnets":                       "Subnet",
+	"podsubnettopologyspreads":      "PodSubnetTopologySpread",
+	"podsubnettopologyspreadtables": "PodSubnetTopologySpreadTable",
+}
+
+// withStatus are the resources with a status subresource: create drops the
+// status of the body, which is then written through the subresource.
+var withStatus = map[string]bool{"podsubnettopologyspreads": true, "podsubnettopologyspreadtables": true}
+
+// createFixture creates an object from raw JSON, its status included: for a
+// kind with a status subresource it writes the status with a raw PUT to
+// /status, as the reference's controller does with UpdateStatus.
+func createFixture(ctx context.Context, t *testing.T, rc rest.Interface, ns, resource string, body []byte) {
+	t.Helper()
+	createRaw(ctx, t, rc, ns, resource, body)
+	want := jsonMap(t, body)
+	if !withStatus[resource] || want["status"] == nil {
+		return
+	}
+	stored := getRaw(ctx, t, rc, ns, resource, nameOf(want))
+	if stored["status"] != nil {
+		t.Fatalf("%s/%s: create kept the status %v; the status subresource is not in effect", resource, nameOf(want), stored["status"])
+	}
+	stored["status"] = want["status"]
+	data, err := json.Marshal(stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = rc.Put().Namespace(ns).Resource(resource).Name(nameOf(want)).SubResource("status").
+		SetHeader("Content-Type", "application/json").SetHeader("Accept", "application/json").Body(data).Do(ctx).Raw()
+	if err != nil {
+		t.Fatalf("write the status of %s/%s: %v", resource, nameOf(want), err)
+	}
 }
 
 func createRaw(ctx context.Context, t *testing.T, rc rest.Interface, ns, resource string, body []byte) {
@@ -585,17 +767,14 @@ func nameOf(obj map[string]any) string {
 
 func resourceOf(t *testing.T, data []byte) string {
 	t.Helper()
-	switch kind := jsonMap(t, data)["kind"]; kind {
-	case "WorkloadEndpoint":
-		return "workloadendpoints"
-	case "IPPool":
-		return "ippools"
-	case "Subnet":
-		return "subnets"
-	default:
-		t.Fatalf("unknown kind %v", kind)
-		return ""
+	kind := jsonMap(t, data)["kind"]
+	for resource, k := range kindOf {
+		if k == kind {
+			return resource
+		}
 	}
+	t.Fatalf("unknown kind %v", kind)
+	return ""
 }
 
 func getTyped(ctx context.Context, t *testing.T, cs versioned.Interface, ns string, like runtime.Object) runtime.Object {
@@ -612,6 +791,10 @@ func getTyped(ctx context.Context, t *testing.T, cs versioned.Interface, ns stri
 		got, err = c.IPPools(ns).Get(ctx, o.Name, metav1.GetOptions{})
 	case *cce.Subnet:
 		got, err = c.Subnets(ns).Get(ctx, o.Name, metav1.GetOptions{})
+	case *cce.PodSubnetTopologySpread:
+		got, err = c.PodSubnetTopologySpreads(ns).Get(ctx, o.Name, metav1.GetOptions{})
+	case *cce.PodSubnetTopologySpreadTable:
+		got, err = c.PodSubnetTopologySpreadTables(ns).Get(ctx, o.Name, metav1.GetOptions{})
 	default:
 		t.Fatalf("unexpected %T", like)
 	}
@@ -632,6 +815,10 @@ func updateTyped(ctx context.Context, t *testing.T, cs versioned.Interface, ns s
 		_, err = c.IPPools(ns).Update(ctx, o, metav1.UpdateOptions{})
 	case *cce.Subnet:
 		_, err = c.Subnets(ns).Update(ctx, o, metav1.UpdateOptions{})
+	case *cce.PodSubnetTopologySpread:
+		_, err = c.PodSubnetTopologySpreads(ns).Update(ctx, o, metav1.UpdateOptions{})
+	case *cce.PodSubnetTopologySpreadTable:
+		_, err = c.PodSubnetTopologySpreadTables(ns).Update(ctx, o, metav1.UpdateOptions{})
 	default:
 		t.Fatalf("unexpected %T", obj)
 	}
@@ -680,6 +867,10 @@ func assertTypedEqual(t *testing.T, got, want runtime.Object) {
 		g, w = [2]any{o.Spec, o.Status}, [2]any{want.(*cce.IPPool).Spec, want.(*cce.IPPool).Status}
 	case *cce.Subnet:
 		g, w = [2]any{o.Spec, o.Status}, [2]any{want.(*cce.Subnet).Spec, want.(*cce.Subnet).Status}
+	case *cce.PodSubnetTopologySpread:
+		g, w = [2]any{o.Spec, o.Status}, [2]any{want.(*cce.PodSubnetTopologySpread).Spec, want.(*cce.PodSubnetTopologySpread).Status}
+	case *cce.PodSubnetTopologySpreadTable:
+		g, w = [2]any{o.Spec, o.Status}, [2]any{want.(*cce.PodSubnetTopologySpreadTable).Spec, want.(*cce.PodSubnetTopologySpreadTable).Status}
 	}
 	if !equality.Semantic.DeepEqual(g, w) {
 		t.Errorf("%T %s: typed read\n%s\nwant\n%s", got, wm.GetName(), pretty(g), pretty(w))

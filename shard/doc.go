@@ -18,12 +18,14 @@
 // to serve. It publishes its state as an immutable snapshot in a Fence, which
 // answers the CNI path without a lock: may this replica write for a node
 // (MayAct, FenceToken), and where does a call go (RouteOf). Router is the CNI
-// backend that serves a call locally, forwards it once (HMAC-authenticated)
-// to the owner, or holds it while the node has no owner.
+// backend that serves a call locally or, through the Forwarder, forwards it
+// once (HMAC-authenticated) to the owner, or holds it while the node has no
+// owner.
 //
 //	fence := shard.NewFence(cfg, self, clock.RealClock{}) // before the IPAM, which it fences
 //	coord, _ := shard.New(cfg, self, addrs, shard.Deps{Fence: fence, Nodes: ipam, ...}, log, reg)
-//	router := shard.NewRouter(shard.RouterDeps{Self: self, Routes: fence, Local: ipam, Locator: ipam, ...}, log, reg)
+//	fwd := shard.NewForwarder(shard.ForwarderDeps{Self: self, Routes: fence, ...}, log, reg) // the IPAM moves fixed IPs through it
+//	router := shard.NewRouter(shard.RouterDeps{Forwarder: fwd, Local: ipam, Locator: ipam}, log)
 //	go coord.Run(ctx) // until ctx ends, then it hands its partitions over
 //
 //	ring, _ := shard.NewRing(shard.DefaultRingConfig(), []string{"ipam-a", "ipam-b", "ipam-c"})

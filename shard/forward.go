@@ -110,7 +110,7 @@ func (r *Router) UnaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 	}
 	pf, ok := req.(podFields)
 	if !ok || len(vals) != 1 {
-		r.metrics.forwardRejected.Inc()
+		r.fwd.metrics.forwardRejected.Inc()
 		return nil, status.Error(codes.PermissionDenied, ErrForgedForward.Error())
 	}
 	method := info.FullMethod
@@ -118,9 +118,9 @@ func (r *Router) UnaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 	if move {
 		method = methodMove
 	}
-	from, err := r.auth.Verify(method, pf, vals[0])
+	from, err := r.fwd.auth.Verify(method, pf, vals[0])
 	if err != nil {
-		r.metrics.forwardRejected.Inc()
+		r.fwd.metrics.forwardRejected.Inc()
 		r.log.Warn("rejected a forwarded call", "method", method, "err", err)
 		return nil, status.Error(codes.PermissionDenied, err.Error())
 	}

@@ -39,26 +39,23 @@ type Mover interface {
 	FreeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error
 }
 
-var _ ipam.FixedIPMover = (*Router)(nil)
+var _ ipam.FixedIPMover = (*Forwarder)(nil)
 
-// FreeMovedIP implements ipam.FixedIPMover: it frees the address on node
-// where node is served, waiting (as any call does) while node has no owner.
-func (r *Router) FreeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error {
+// FreeMovedIP implements ipam.FixedIPMover: it asks the replica that serves
+// node to free the address there, waiting (as any call does) while node has
+// no owner. The IPAM frees addresses of the nodes whose partitions it holds
+// itself; a node of this replica's that is not served yet is refused
+// (retryable).
+func (f *Forwarder) FreeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error {
 	// A move is this replica's own call, even when the ADD that needs it
 	// was forwarded here: it may be forwarded once more.
-	return r.freeMovedIP(context.WithValue(ctx, forwardedKey{}, nil), node, namespace, name, addr, eniID)
-}
-
-func (r *Router) freeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error {
-	if r.mover == nil {
-		return fmt.Errorf("%w: this replica cannot move fixed IPs", ErrNotOwner)
-	}
-	ref := podip.PodRef{Namespace: namespace, Name: name, Node: node, ContainerID: movePrefix + addr.String() + "@" + eniID}
-	_, _, err := r.route(ctx, methodMove, node, ref,
-		func(ctx context.Context) (podip.Endpoint, bool, error) {
-			return podip.Endpoint{}, true, r.mover.FreeMovedIP(ctx, node, namespace, name, addr, eniID)
-		},
-		func(ctx context.Context, c rpc.CNIBackendClient) (podip.Endpoint, bool, error) {
+	ctx = context.WithValue(ctx, forwardedKey{}, nil)
+	ref := moveRef(node, namespace, name, addr, eniID)
+	_, _, err := f.route(ctx, call{
+		method: methodMove,
+		node:   node,
+		ref:    ref,
+		remote: func(ctx context.Context, c rpc.CNIBackendClient) (podip.Endpoint, bool, error) {
 			ctx = metadata.AppendToOutgoingContext(ctx, headerMove, "1")
 			var trailer metadata.MD
 			reply, err := c.ReleaseIP(ctx, &rpc.ReleaseIPRequest{
@@ -75,7 +72,36 @@ func (r *Router) freeMovedIP(ctx context.Context, node, namespace, name string, 
 				return podip.Endpoint{}, false, cni.RefusalError(trailer, reply.GetErrMsg())
 			}
 			return podip.Endpoint{}, true, nil
-		})
+		},
+	})
+	return err
+}
+
+// moveRef is a move as a pod call: the sandbox field names the address and
+// its ENI (the forward MAC covers it).
+func moveRef(node, namespace, name string, addr netip.Addr, eniID string) podip.PodRef {
+	return podip.PodRef{
+		Namespace:   namespace,
+		Name:        name,
+		Node:        node,
+		ContainerID: movePrefix + addr.String() + "@" + eniID,
+	}
+}
+
+// freeMovedIP serves a move forwarded to this replica: here, by the Mover
+// (the IPAM, which frees it also when the node was deleted), or refused.
+func (r *Router) freeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error {
+	if r.mover == nil {
+		return fmt.Errorf("%w: this replica cannot move fixed IPs", ErrNotOwner)
+	}
+	_, _, err := r.fwd.route(ctx, call{
+		method: methodMove,
+		node:   node,
+		ref:    moveRef(node, namespace, name, addr, eniID),
+		local: func(ctx context.Context) (podip.Endpoint, bool, error) {
+			return podip.Endpoint{}, true, r.mover.FreeMovedIP(ctx, node, namespace, name, addr, eniID)
+		},
+	})
 	return err
 }
 

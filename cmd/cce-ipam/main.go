@@ -156,6 +156,7 @@ type replica struct {
 	elector    *membership.Elector
 	core       *ipam.IPAM
 	coord      *shard.Coordinator
+	forwarder  *shard.Forwarder
 	router     *shard.Router
 	grpc       *grpc.Server
 	http       *http.Server
@@ -295,18 +296,30 @@ func (r *replica) newElector(o options, clients kubeClients, self string, reg pr
 	return leaderName, err
 }
 
-// newShard builds the IPAM the fence fences, the coordinator that publishes
-// the fence and the router in front of the IPAM.
+// newShard builds, in dependency order, the forwarder that reaches other
+// replicas through the fence's routing table, the IPAM the fence fences
+// (it moves fixed IPs through the forwarder), the coordinator that publishes
+// the fence, and the router in front of the IPAM.
 func (r *replica) newShard(o options, clients kubeClients, self string, addrs shard.Addresses, fence *shard.Fence,
 	reg prometheus.Registerer) error {
-	var err error
+	key, err := forwardKey(o, r.log)
+	if err != nil {
+		return err
+	}
+	r.forwarder = shard.NewForwarder(shard.ForwarderDeps{
+		Self:      self,
+		Routes:    fence,
+		Auth:      shard.NewAuthenticator(key),
+		OwnerWait: o.shard.OwnerWait,
+	}, r.log.With("component", "router"), reg)
 	r.core, err = ipam.New(o.ipam, ipam.Deps{
-		Kube:      clients.kube,
-		CCE:       clients.cce,
-		Cloud:     r.provider,
-		Fence:     fence,
-		IsLeader:  r.elector.IsLeader,
-		WatchKube: clients.watch,
+		Kube:         clients.kube,
+		CCE:          clients.cce,
+		Cloud:        r.provider,
+		Fence:        fence,
+		FixedIPMover: r.forwarder,
+		IsLeader:     r.elector.IsLeader,
+		WatchKube:    clients.watch,
 	}, r.log.With("component", "ipam"), reg)
 	if err != nil {
 		return err
@@ -335,21 +348,11 @@ func (r *replica) newShard(o options, clients kubeClients, self string, addrs sh
 	if err != nil {
 		return err
 	}
-	key, err := forwardKey(o, r.log)
-	if err != nil {
-		return err
-	}
 	r.router = shard.NewRouter(shard.RouterDeps{
-		Self:      self,
-		Routes:    fence,
+		Forwarder: r.forwarder,
 		Local:     r.core,
 		Locator:   r.core,
-		Auth:      shard.NewAuthenticator(key),
-		OwnerWait: o.shard.OwnerWait,
-	}, r.log.With("component", "router"), reg)
-	// A setter: the router serves locally through the IPAM, and the IPAM
-	// moves fixed IPs to other replicas through the router.
-	r.core.SetFixedIPMover(r.router)
+	}, r.log.With("component", "router"))
 	return nil
 }
 
@@ -441,13 +444,13 @@ func (r *replica) closeEarly() {
 //  2. once it has left, or as soon as any component fails, the rest stops:
 //     the IPAM, gossip and the leader election end, the gRPC server finishes
 //     the calls in flight, the HTTP server shuts down (5 s at most);
-//  3. once every one of those has returned: the router's connections to the
+//  3. once every one of those has returned: the forwarder's connections to the
 //     other replicas close, then the coordinator's Lease informers (routing
 //     needed them until the last forwarded call), then the cloud client.
 func (r *replica) Run(ctx context.Context) error {
 	err := r.serve(ctx)
 	for _, closeStep := range []func(){
-		r.router.Close,
+		r.forwarder.Close,
 		r.coord.Close,
 		r.provider.Close,
 	} {

@@ -502,11 +502,3 @@ func (i *IPAM) cachedPod(node, namespace, name string) (*corev1.Pod, bool) {
 func (i *IPAM) NodeInformer() cache.SharedIndexInformer {
 	return i.kubeInformers.Core().V1().Nodes().Informer()
 }
-
-// SetFixedIPMover installs the shard router as the mover of fixed IPs
-// between replicas (it needs the IPAM to exist first). Call it before Run.
-func (i *IPAM) SetFixedIPMover(m FixedIPMover) { i.deps.FixedIPMover = m }
-
-// SetFence installs the shard layer's fence after New (the fence needs the
-// IPAM to exist first). Call it before Run.
-func (i *IPAM) SetFence(f Fence) { i.deps.Fence = f }

@@ -93,14 +93,17 @@ func (localRoutes) RouteOf(string) shard.Route { return shard.Route{Local: true}
 
 // routedCNIServer is a replica's CNI path in front of ip.
 func routedCNIServer(t *testing.T, ip *ipam.IPAM) *cni.Server {
-	router := shard.NewRouter(shard.RouterDeps{
+	fwd := shard.NewForwarder(shard.ForwarderDeps{
 		Self:      "replica-0",
 		Routes:    localRoutes{},
-		Local:     ip,
-		Locator:   ip,
 		OwnerWait: time.Second,
 	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	t.Cleanup(router.Close)
+	t.Cleanup(fwd.Close)
+	router := shard.NewRouter(shard.RouterDeps{
+		Forwarder: fwd,
+		Local:     ip,
+		Locator:   ip,
+	}, slog.New(slog.DiscardHandler))
 	return cni.NewServer(cni.DefaultConfig(), router, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 }
 

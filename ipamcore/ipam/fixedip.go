@@ -116,23 +116,39 @@ type FixedIPMover interface {
 	FreeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error
 }
 
-// freeOnOldNode frees addr on the old node: here if this replica serves it,
-// else through the mover. Without a mover (a single replica) a node nobody
-// serves is either gone, and its ENI with it, or not served yet: retry.
+// freeOnOldNode frees addr on the old node: here if this replica holds the
+// node (serves it, or holds its partition: a deleted node's, which nobody
+// serves), else through the mover, which asks the replica that does.
 func (i *IPAM) freeOnOldNode(ctx context.Context, oldNode string, owner datastore.Owner, addr netip.Addr, eniID string) error {
-	if _, ok := i.node(oldNode); ok {
+	if i.deps.FixedIPMover == nil || i.freesHere(oldNode) {
 		return i.FreeMovedIP(ctx, oldNode, owner.Namespace, owner.Name, addr, eniID)
 	}
-	if i.deps.FixedIPMover != nil {
-		return i.deps.FixedIPMover.FreeMovedIP(ctx, oldNode, owner.Namespace, owner.Name, addr, eniID)
+	return i.deps.FixedIPMover.FreeMovedIP(ctx, oldNode, owner.Namespace, owner.Name, addr, eniID)
+}
+
+// freesHere: this replica serves the node, or the fence says its partition
+// is held here (without a fence, only a served node is).
+func (i *IPAM) freesHere(name string) bool {
+	if _, ok := i.node(name); ok {
+		return true
 	}
-	if !i.nodeGone(ctx, oldNode) {
-		return fmt.Errorf("%w: %s (the fixed IP's old node)", ErrNodeNotServed, oldNode)
+	return i.deps.Fence != nil && i.holdsNode(name)
+}
+
+// freeOnDeletedNode frees addr from a deleted node's ENI. Nobody serves the
+// node any more, so there is no pool to take it out of; the cloud call is
+// made under the node's permission (forNode), which only the holder of its
+// partition has (I1). A node that still exists is not deleted but not
+// served here yet: retryable.
+func (i *IPAM) freeOnDeletedNode(ctx context.Context, node string, addr netip.Addr, eniID string) error {
+	if !i.nodeGone(ctx, node) {
+		return fmt.Errorf("%w: %s (the fixed IP's old node)", ErrNodeNotServed, node)
 	}
-	err := i.deps.Cloud.DeletePrivateIP(i.forNode(ctx, oldNode), eniID, addr.String())
+	err := i.deps.Cloud.DeletePrivateIP(i.forNode(ctx, node), eniID, addr.String())
 	if err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) && !errors.Is(err, cloud.ErrENINotFound) {
-		return err
+		return fmt.Errorf("delete fixed IP %s from %s of the deleted node %s: %w", addr, eniID, node, err)
 	}
+	i.log.Info("fixed IP left a deleted node's ENI for the pod's new node", "node", node, "ip", addr, "eni", eniID)
 	return nil
 }
 
@@ -144,7 +160,7 @@ func (i *IPAM) freeOnOldNode(ctx context.Context, oldNode string, owner datastor
 func (i *IPAM) FreeMovedIP(ctx context.Context, node, namespace, name string, addr netip.Addr, eniID string) error {
 	n, done, ok := i.acquire(node)
 	if !ok {
-		return fmt.Errorf("%w: %s", ErrNodeNotServed, node)
+		return i.freeOnDeletedNode(ctx, node, addr, eniID)
 	}
 	defer done()
 	until, err := i.mayActUntil(n.name)

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 	"github.com/cce-ipam/sharded/ipamcore/cni"
@@ -224,4 +225,59 @@ func TestIPAM_FixedIPSurvivesATransientReAddFailure(t *testing.T) {
 		t.Fatalf("bce-sim does not show %s on the new node", fixed)
 	}
 	e.checkNoLeak()
+}
+
+// A fixed-IP StatefulSet pod whose old node was deleted (a scale-down) is
+// recreated on a node of another replica. Nobody serves the deleted node,
+// but its address is still on the node's ENI in the cloud: the holder of the
+// old node's partition must free it there, or the pod could never start
+// again (every ADD would fail asking a replica that does not serve the node).
+func TestIPAM_FixedIPMovesOffADeletedNode(t *testing.T) {
+	e := newEnv(t, "fxgone", 2, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 6
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
+	e.stop()
+	nodeA, nodeB := e.nodes[0], e.nodes[1]
+	a, b := runMovers(t, e)
+	if err := a.ServeNode(e.ctx, nodeA); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ServeNode(e.ctx, nodeB); err != nil {
+		t.Fatal(err)
+	}
+	ca, cb := serveCNI(t, a), serveCNI(t, b)
+
+	sts := e.createStatefulSet("gone", 1)
+	p := e.createStsPod(sts, 0, nodeA, "", "c-a1")
+	r, err := e.allocateVia(ca, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed := r.IP
+	if rr, err := e.releaseVia(ca, p); err != nil || !rr.IsSuccess {
+		t.Fatalf("DEL on A = %v, %v", rr, err)
+	}
+	e.deletePod(p.name)
+	// Node A is deleted: its owner stops serving it, as the shard layer
+	// does when the Node goes.
+	if err := e.kube.CoreV1().Nodes().Delete(e.ctx, nodeA, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a.StopServingNode(nodeA)
+	if !e.cloudIPs()[e.instance[nodeA]][fixed] {
+		t.Fatalf("precondition: the fixed %s should still be on the deleted node's ENI", fixed)
+	}
+
+	p = e.createStsPod(sts, 0, nodeB, "", "c-b1")
+	if r, err = e.allocateVia(cb, p); err != nil || r.IP != fixed {
+		t.Fatalf("on B got %v, %v; want the fixed %s", r, err, fixed)
+	}
+	if e.cloudIPs()[e.instance[nodeA]][fixed] {
+		t.Errorf("the fixed %s is still on the deleted node's ENI", fixed)
+	}
+	if !e.cloudIPs()[e.instance[nodeB]][fixed] {
+		t.Errorf("the fixed %s is not on node B's ENI in the cloud", fixed)
+	}
 }

@@ -63,3 +63,52 @@ func planNodes(in nodeInputs) nodePlan {
 // in flight before they are served: about the time a cold start's claims
 // take at the default API rate.
 const claimSettle = 4 * time.Second
+
+// busy reports the partitions with nodes not yet stopped (View.Busy): a
+// draining partition is released only once all its nodes have stopped.
+func (s nodeServing) busy(partitions int) func(p int) bool {
+	b := map[int]bool{}
+	for name, st := range s.state {
+		if st != nodeAbsent {
+			b[PartitionOf(partitions, name)] = true
+		}
+	}
+	return func(p int) bool { return b[p] }
+}
+
+// begin records that plan is being carried out: its nodes to stop are
+// stopping, its batch is starting; nodes that have stopped are forgotten.
+func (s *nodeServing) begin(plan nodePlan) {
+	for _, name := range plan.stop {
+		s.state[name] = nodeStopping
+	}
+	for name, st := range s.state {
+		if st == nodeAbsent {
+			delete(s.state, name)
+		}
+	}
+	if len(plan.start) > 0 {
+		s.starting = true
+		for _, name := range plan.start {
+			s.state[name] = nodeStarting
+		}
+	}
+}
+
+// up records that a node of the batch is served.
+func (s *nodeServing) up(name string) {
+	s.state[name] = nodeUp
+	delete(s.retryAt, name)
+	delete(s.retryDelay, name)
+}
+
+// failed records that a node of the batch could not be served at now: it
+// waits for its backoff, spread by jitter, before it is tried again.
+func (s *nodeServing) failed(name string, now time.Time, jitter func(time.Duration) time.Duration) (wait, delay time.Duration) {
+	s.state[name] = nodeAbsent
+	delay = serveBackoff(s.retryDelay[name])
+	s.retryDelay[name] = delay
+	wait = jitter(delay)
+	s.retryAt[name] = now.Add(wait)
+	return wait, delay
+}

@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -68,7 +69,7 @@ func TestPlanNodes(t *testing.T) {
 		t.Fatalf("the wait for claims in flight is not bounded: start %v", p.start)
 	}
 	in = base()
-	in.served = slices.Clone(in1[1:]) // in1[0] is gone
+	in.served = append(slices.Clone(in1[1:]), in2...) // in1[0] is gone
 	in.serving.state[in1[0]] = nodeUp
 	in.serving.state[in1[1]] = nodeUp
 	in.serving.state[in2[0]] = nodeUp // its partition is not Serving
@@ -79,5 +80,51 @@ func TestPlanNodes(t *testing.T) {
 	}
 	if !slices.Equal(p.start, []string{in1[2]}) {
 		t.Fatalf("start %v, want [%s]", p.start, in1[2])
+	}
+}
+
+// The driver's record of its nodes: a plan under way marks its nodes
+// stopping and starting; a failed node backs off, doubling, until it is
+// served; a partition is busy while any of its nodes is not absent.
+func TestNodeServing_Bookkeeping(t *testing.T) {
+	const partitions = 7
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	s := nodeServing{
+		state: map[string]nodeState{
+			"up":   nodeUp,
+			"gone": nodeAbsent,
+		},
+		retryAt:    map[string]time.Time{},
+		retryDelay: map[string]time.Duration{},
+	}
+	s.begin(nodePlan{
+		start: []string{"new"},
+		stop:  []string{"up"},
+	})
+	want := map[string]nodeState{
+		"up":  nodeStopping,
+		"new": nodeStarting,
+	}
+	if !maps.Equal(s.state, want) || !s.starting {
+		t.Fatalf("after begin: %v (starting %v), want %v and a batch starting", s.state, s.starting, want)
+	}
+	if busy := s.busy(partitions); !busy(PartitionOf(partitions, "up")) || !busy(PartitionOf(partitions, "new")) {
+		t.Fatal("a partition with a node stopping or starting is not busy")
+	}
+	same := func(d time.Duration) time.Duration { return d }
+	for _, delay := range []time.Duration{serveRetryMin, 2 * serveRetryMin, 4 * serveRetryMin} {
+		wait, got := s.failed("new", now, same)
+		if got != delay || wait != delay || !s.retryAt["new"].Equal(now.Add(delay)) || s.state["new"] != nodeAbsent {
+			t.Fatalf("failed: backoff %s, wait %s, retry at %s, state %s; want %s", got, wait, s.retryAt["new"], s.state["new"], delay)
+		}
+	}
+	s.up("new")
+	if s.state["new"] != nodeUp || len(s.retryAt) != 0 || len(s.retryDelay) != 0 {
+		t.Fatalf("up: state %s, backoffs %v %v; want up and no backoff", s.state["new"], s.retryAt, s.retryDelay)
+	}
+	s.state["up"] = nodeAbsent // stopped
+	s.state["new"] = nodeAbsent
+	if busy := s.busy(partitions); busy(PartitionOf(partitions, "up")) || busy(PartitionOf(partitions, "new")) {
+		t.Fatal("a partition whose nodes have all stopped is busy")
 	}
 }

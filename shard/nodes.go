@@ -23,6 +23,8 @@ const (
 	nodeStopping
 )
 
+func (s nodeState) String() string { return [...]string{"absent", "starting", "up", "stopping"}[s] }
+
 // nodeServing is the loop's record of the nodes it serves.
 type nodeServing struct {
 	state      map[string]nodeState
@@ -56,23 +58,14 @@ func (c *Coordinator) reconcileNodes(ctx context.Context, now time.Time, served 
 		claimsInFlight: c.inFlight.claims,
 		claimsSince:    c.inFlight.claimsSince,
 	})
+	c.serving.begin(plan)
 	for _, name := range plan.stop {
-		c.serving.state[name] = nodeStopping
 		go func() {
 			c.nodes.StopServingNode(name)
 			c.results <- func() { c.serving.state[name] = nodeAbsent }
 		}()
 	}
-	for name, st := range c.serving.state {
-		if st == nodeAbsent {
-			delete(c.serving.state, name)
-		}
-	}
 	if len(plan.start) > 0 {
-		c.serving.starting = true
-		for _, n := range plan.start {
-			c.serving.state[n] = nodeStarting
-		}
 		go c.serve(ctx, plan.start)
 	}
 	exists := make(map[string]bool, len(served))
@@ -96,18 +89,12 @@ func (c *Coordinator) served(names []string, errs map[string]error, took time.Du
 	now := c.clock.Now()
 	for _, n := range names {
 		if err, failed := errs[n]; failed {
-			c.serving.state[n] = nodeAbsent
-			delay := serveBackoff(c.serving.retryDelay[n])
-			c.serving.retryDelay[n] = delay
-			wait := serveJitter(delay)
-			c.serving.retryAt[n] = now.Add(wait)
+			wait, delay := c.serving.failed(n, now, serveJitter)
 			c.log.Warn("serving node failed; backing off", "node", n, "retry_in", wait.Round(time.Millisecond),
 				"backoff", delay, "err", err)
 			continue
 		}
-		c.serving.state[n] = nodeUp
-		delete(c.serving.retryAt, n)
-		delete(c.serving.retryDelay, n)
+		c.serving.up(n)
 	}
 	// Hand-over duration: from when the ring gave us a partition until
 	// its nodes are served.

@@ -1,8 +1,6 @@
 package shard
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -10,9 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	coordv1 "k8s.io/api/coordination/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
 // The ring balances partitions; Ring.Balanced moves partitions so that the
@@ -20,29 +15,20 @@ import (
 // the same node counts to agree on the table, and counts taken straight from
 // each replica's node informer would move partitions whenever a node joins,
 // each move a drain and a rebuild of its nodes (DESIGN.md has the numbers).
-// So one replica, the first live
-// member by name, publishes the node count of every partition on the
-// balance Lease, and everyone balances with the published counts. It
-// publishes again only when the replicas' actual shares have drifted past
-// NodeLoad² of the mean (and a new table would narrow them), at most once
-// per balanceInterval: nodes come and go without moving partitions until
-// then.
-
-// balanceState is what this replica knows of the balance Lease, and the
-// table it balances to (owned by the loop).
-type balanceState struct {
-	version    string // the counts annotation as last read ("" no Lease)
-	counts     []int  // the published node counts; nil: none or unreadable
-	publishing bool
-	lastCheck  time.Time
-	lastTry    time.Time
-	table      Table // the ring balanced with counts, for tableRing
-	tableRing  *Ring
-	tableVer   string
-}
+// So one replica, the first live member by name, publishes the node count
+// of every partition on the balance Lease, and everyone balances with the
+// published counts. It publishes again only when the replicas' actual
+// shares have drifted past NodeLoad² of the mean (and a new table would
+// narrow them), at most once per balanceInterval: nodes come and go without
+// moving partitions until then. Balancer decides all of it; the driver
+// reads and writes the Lease (balancelease.go).
 
 // balanceInterval is the least time between two publications by a replica.
 const balanceInterval = 10 * time.Second
+
+// balanceLook is the least time between two looks at the drift: each look
+// balances the ring once more.
+const balanceLook = time.Second
 
 // EncodePartitionNodes writes per-partition node counts for the balance
 // Lease: decimal counts separated by commas, in partition order.
@@ -144,105 +130,142 @@ func RebalanceReason(r *Ring, inUse Table, actual []int) (string, error) {
 	return fmt.Sprintf("members serve %d to %d of %d nodes (bounds %d to %d)", curLo, curHi, total, lo, hi), nil
 }
 
-// publishBalance writes counts on the balance Lease by compare-and-swap. A
-// conflict means someone else just published: the next look decides again.
-func (c *Coordinator) publishBalance(ctx context.Context, counts []int) error {
-	client := c.kube.CoordinationV1().Leases(c.cfg.Namespace)
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	err := casAnnotations(ctx, client, balanceLeaseName, kindBalance, func(a map[string]string) {
-		a[annoPartitionNodes] = EncodePartitionNodes(counts)
-		a[annoMember] = c.self
-	})
-	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
-		return errors.New("balance lease changed meanwhile")
-	}
-	return err
+// BalancerConfig shapes one replica's Balancer.
+type BalancerConfig struct {
+	Self       string
+	Partitions int
+	// Interval is the least time between two publications by this replica.
+	Interval time.Duration
 }
 
-// readBalance decodes the balance Lease when it changed. Unreadable
-// counts are logged and ignored (the ring's own table is used), and the
-// publisher replaces them.
-func (c *Coordinator) readBalance(l *coordv1.Lease) {
+// BalanceView is what the driver observed, at Now.
+type BalanceView struct {
+	Now time.Time
+	// Ring is the ring over Live (nil while there is none).
+	Ring *Ring
+	// Live are the ring's members, sorted.
+	Live []string
+	// Active: this replica may write under its name (its lease is valid
+	// and it is not leaving).
+	Active bool
+	// Nodes are the BCC nodes that exist.
+	Nodes []string
+}
+
+// PublishBalance asks the driver to write Counts on the balance Lease by
+// compare-and-swap, then to report with Balancer.Published.
+type PublishBalance struct {
+	Counts []int
+	Reason string // why now, for the log
+}
+
+// Balancer is one replica's part in the balance, a pure state machine like
+// Ownership: it takes the balance Lease as read (Observe) and what the
+// replica sees (Step, a BalanceView), returns the publication to carry out
+// if one is due, and gives the table the replica balances to (Table). It
+// performs no I/O and reads no clock.
+type Balancer struct {
+	cfg        BalancerConfig
+	version    string // the counts annotation as last observed ("" no Lease)
+	counts     []int  // the published node counts; nil: none or unreadable
+	publishing bool
+	lastCheck  time.Time
+	lastTry    time.Time
+	table      Table // the ring balanced with counts, for tableRing
+	tableRing  *Ring
+	tableVer   string
+}
+
+// NewBalancer starts with no counts observed and nothing published.
+func NewBalancer(cfg BalancerConfig) *Balancer { return &Balancer{cfg: cfg} }
+
+// Observe records the balance Lease as read: present is false while there
+// is none, raw is its counts annotation. Counts that cannot be read are
+// ignored (the ring's own table is used, and the publisher replaces them):
+// the error says why, once per change.
+func (b *Balancer) Observe(present bool, raw string) error {
 	version := "" // the annotation itself: cheap to compare, and what matters
-	if l != nil {
-		version = "v:" + l.Annotations[annoPartitionNodes]
+	if present {
+		version = "v:" + raw
 	}
-	if version == c.balance.version {
-		return
+	if version == b.version {
+		return nil
 	}
-	c.balance.version, c.balance.counts = version, nil
-	if l == nil {
-		return
+	b.version, b.counts = version, nil
+	if !present {
+		return nil
 	}
-	counts, err := DecodePartitionNodes(l.Annotations[annoPartitionNodes], c.cfg.Ring.Partitions)
+	counts, err := DecodePartitionNodes(raw, b.cfg.Partitions)
 	if err != nil {
-		c.log.Warn("ignoring the balance lease's node counts", "err", err, "publishedBy", l.Annotations[annoMember])
-		return
+		return err
 	}
-	c.balance.counts = counts
+	b.counts = counts
+	return nil
 }
 
-// table is the ownership every live replica agrees on: the ring
-// balanced with the published counts (the ring's own table while none are).
-func (c *Coordinator) table() Table {
-	if c.ring == nil {
-		return Table{Owners: make([]string, c.cfg.Ring.Partitions)}
+// Counts are the published node counts as last observed (nil: none, or
+// unreadable).
+func (b *Balancer) Counts() []int { return slices.Clone(b.counts) }
+
+// Table is the ownership every live replica agrees on: r balanced with the
+// published counts (r's own table while none are). A balance that fails
+// leaves r's own table; its error is returned once.
+func (b *Balancer) Table(r *Ring) (Table, error) {
+	if b.tableRing == r && b.tableVer == b.version && b.table.Owners != nil {
+		return b.table, nil
 	}
-	b := &c.balance
-	if b.tableRing == c.ring && b.tableVer == b.version && b.table.Owners != nil {
-		return b.table
-	}
-	t := c.ring.Table()
+	t, err := r.Table(), error(nil)
 	if b.counts != nil {
-		bt, err := c.ring.Balanced(b.counts)
-		if err != nil {
-			c.log.Error("balancing the ring", "err", err)
-		} else {
+		var bt Table
+		if bt, err = r.Balanced(b.counts); err == nil {
 			t = bt
 		}
 	}
-	b.table, b.tableRing, b.tableVer = t, c.ring, b.version
-	return t
+	b.table, b.tableRing, b.tableVer = t, r, b.version
+	return t, err
 }
 
-// maybePublishBalance publishes the actual node counts when this
-// replica is the first live member and the shares have drifted (see
-// RebalanceReason). It looks at most once a second.
-func (c *Coordinator) maybePublishBalance(ctx context.Context, now time.Time, live, served []string) {
-	b := &c.balance
-	if c.ring == nil || len(live) == 0 || live[0] != c.self || c.leaving || b.publishing ||
-		!now.Before(c.own.LeaseValidUntil()) || now.Sub(b.lastCheck) < time.Second ||
-		(!b.lastTry.IsZero() && now.Sub(b.lastTry) < balanceInterval) {
-		return
+// Step decides whether this replica publishes the node counts now: only
+// the first live member by name does, while it may write, with no
+// publication in flight and none tried within the Interval. It looks at
+// most once a second, and publishes when no counts are published or the
+// shares have drifted (RebalanceReason).
+func (b *Balancer) Step(v BalanceView) (*PublishBalance, error) {
+	if v.Ring == nil || len(v.Live) == 0 || v.Live[0] != b.cfg.Self || !v.Active || b.publishing ||
+		v.Now.Sub(b.lastCheck) < balanceLook || (!b.lastTry.IsZero() && v.Now.Sub(b.lastTry) < b.cfg.Interval) {
+		return nil, nil
 	}
-	b.lastCheck = now
-	if len(served) == 0 {
-		return // nothing to balance
+	b.lastCheck = v.Now
+	if len(v.Nodes) == 0 {
+		return nil, nil // nothing to balance
 	}
-	actual := partitionCounts(c.cfg.Ring.Partitions, served)
+	actual := partitionCounts(b.cfg.Partitions, v.Nodes)
 	reason := "no node counts published"
 	if b.counts != nil {
-		var err error
-		if reason, err = RebalanceReason(c.ring, c.table(), actual); err != nil {
-			c.log.Error("balancing the ring", "err", err)
-			return
+		inUse, err := b.Table(v.Ring)
+		if err != nil {
+			return nil, err
+		}
+		if reason, err = RebalanceReason(v.Ring, inUse, actual); err != nil {
+			return nil, err
 		}
 	}
 	if reason == "" {
-		return
+		return nil, nil
 	}
-	b.publishing, b.lastTry = true, now
-	c.log.Info("publishing the partitions' node counts", "reason", reason, "nodes", len(served))
-	go func() {
-		err := c.publishBalance(ctx, actual)
-		c.results <- func() {
-			c.balance.publishing = false
-			if err != nil {
-				c.log.Warn("publishing the partitions' node counts", "err", err)
-				return
-			}
-			c.metrics.balancePublished.Inc()
-		}
-	}()
+	b.publishing, b.lastTry = true, v.Now
+	return &PublishBalance{
+		Counts: actual,
+		Reason: reason,
+	}, nil
 }
+
+// Published reports that the publication Step asked for is over, written
+// or not. The outcome does not change the decision: a conflict means
+// another replica has just published, which Observe will show, and the
+// counts are looked at again after the Interval, whether the write
+// succeeded or failed.
+func (b *Balancer) Published() { b.publishing = false }
+
+// Publishing reports whether a publication is in flight.
+func (b *Balancer) Publishing() bool { return b.publishing }

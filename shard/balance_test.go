@@ -220,7 +220,7 @@ func TestCoordinator_PublishesNodeCounts(t *testing.T) {
 		t.Helper()
 		deadline := time.After(5 * time.Second)
 		for {
-			done := !c.balance.publishing
+			done := !c.balance.Publishing()
 			if done {
 				break
 			}
@@ -240,7 +240,7 @@ func TestCoordinator_PublishesNodeCounts(t *testing.T) {
 	if err := c.step(ctx); err != nil {
 		t.Fatal(err)
 	}
-	publishing := c.balance.publishing
+	publishing := c.balance.Publishing()
 	if !publishing {
 		t.Fatal("the only live member did not publish the node counts")
 	}
@@ -260,7 +260,7 @@ func TestCoordinator_PublishesNodeCounts(t *testing.T) {
 	if err := c.step(ctx); err != nil {
 		t.Fatal(err)
 	}
-	counts, publishing := c.balance.counts, c.balance.publishing
+	counts, publishing := c.balance.Counts(), c.balance.Publishing()
 	owners := slices.Clone(c.table().Owners)
 	if counts != nil || publishing {
 		t.Fatalf("garbage counts were used (%v) or replaced within the interval (%v)", counts, publishing)
@@ -283,8 +283,8 @@ func TestCoordinator_PublishesNodeCounts(t *testing.T) {
 	c2, _ := newTestCoordinator(t)
 	c2.ring, _ = NewRing(c2.cfg.Ring, []string{"a-first", "r0"})
 	c2.own.Renewed(c2.clock.Now(), c2.clock.Now().Add(time.Minute))
-	c2.maybePublishBalance(ctx, c2.clock.Now(), []string{"a-first", "r0"}, nodes(40))
-	publishing = c2.balance.publishing
+	c2.stepBalance(ctx, c2.clock.Now(), nil, []string{"a-first", "r0"}, nodes(40))
+	publishing = c2.balance.Publishing()
 	if publishing {
 		t.Fatal("a replica that is not the first live member published")
 	}

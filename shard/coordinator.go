@@ -86,7 +86,7 @@ type Coordinator struct {
 	stepped     bool
 	readyReason string
 	loggedHold  string // the Ownership's hold as last logged
-	balance     balanceState
+	balance     *Balancer
 }
 
 // inFlight counts the claim and release CASes under way.
@@ -175,6 +175,11 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 			ColdStartSettle: cfg.ColdStartSettle,
 			SettleCap:       cfg.ColdStartSettle + cfg.LeaseDuration,
 			Start:           deps.Clock.Now(),
+		}),
+		balance: NewBalancer(BalancerConfig{
+			Self:       self,
+			Partitions: cfg.Ring.Partitions,
+			Interval:   balanceInterval,
 		}),
 		seen:    map[string]observed{},
 		written: map[int]writtenClaim{},

@@ -32,8 +32,7 @@ func (c *Coordinator) step(ctx context.Context) error {
 	if err := c.updateRing(live); err != nil {
 		return err
 	}
-	c.readBalance(balanceLease)
-	c.maybePublishBalance(ctx, now, live, served)
+	c.stepBalance(ctx, now, balanceLease, live, served)
 	acts, err := c.own.Step(c.view(now, live, claims, gossip))
 	if err != nil {
 		return err
@@ -53,12 +52,6 @@ func (c *Coordinator) step(ctx context.Context) error {
 
 // view is what the Ownership is shown at now.
 func (c *Coordinator) view(now time.Time, live []string, claims []Claim, gossip map[string]bool) View {
-	busy := map[int]bool{} // partitions with nodes not yet stopped
-	for name, st := range c.serving.state {
-		if st != nodeAbsent {
-			busy[PartitionOf(c.cfg.Ring.Partitions, name)] = true
-		}
-	}
 	v := View{
 		Now:        now,
 		Wanted:     c.table().Owners,
@@ -67,7 +60,7 @@ func (c *Coordinator) view(now time.Time, live []string, claims []Claim, gossip 
 		Live:       live,
 		InView:     c.inView(now, live, gossip),
 		BudgetHeld: c.budget.held(),
-		Busy:       func(p int) bool { return busy[p] },
+		Busy:       c.serving.busy(c.cfg.Ring.Partitions),
 	}
 	if present, detail := c.policy.get(); c.cfg.RequireFencingPolicy && !present {
 		v.PolicyHold = "fencing policy missing (--shard-require-fencing-policy): " + detail

@@ -2,7 +2,6 @@ package shard
 
 import (
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -11,16 +10,21 @@ import (
 	"time"
 )
 
-// A deterministic simulation of replicas running Ownership against a CAS
-// store (the API server), with crashes, pauses longer than the lease,
-// replicas cut off from the API server, watches that lag behind after a
-// pause or a cut-off, joins and graceful leaves. I1 is checked at every
-// tick: no partition is servable by two replicas at once. After the faults
-// stop, every partition must be served by exactly its ring owner
-// (liveness). Scripted runs on the same harness check the hold of a cold
-// start (the replicas split the nodes once; the wait is capped; a join into
-// a running cluster does not wait; nothing is claimed without a budget
-// share) and the release of claims a fenced stop left behind.
+// A deterministic simulation of replicas running the pure parts of the
+// driver (Balancer, Ownership, planNodes) against a CAS store (the API
+// server), with crashes, pauses longer than the lease, replicas cut off from
+// the API server, watches that lag behind after a pause or a cut-off, joins
+// and graceful leaves, nodes added and deleted, and nodes that fail to be
+// served (ownership_sim_faults_test.go). I1 is checked at every tick: no
+// partition is servable by two replicas at once; so are the nodes
+// (ownership_sim_nodes_test.go) and the balance publisher
+// (ownership_sim_balance_test.go). After the faults stop, every replica must
+// balance to one table, every partition must be served by exactly its owner
+// in that table, and every node by that owner (liveness). Scripted runs on
+// the same harness check the hold of a cold start (the replicas split the
+// nodes once; the wait is capped; a join into a running cluster does not
+// wait; nothing is claimed without a budget share), the release of claims a
+// fenced stop left behind, and the publication of the balance.
 
 const (
 	simTick          = 100 * time.Millisecond
@@ -29,6 +33,7 @@ const (
 	simLeaseDuration = 8 * time.Second
 	simSettle        = 2 * time.Second
 	simPartitions    = 31
+	simNodes         = 60 // the nodes a simulation starts with
 )
 
 // simRing is the default ring over simPartitions.
@@ -66,10 +71,20 @@ type simReplica struct {
 	seenCount map[string]int
 	seenAt    map[string]time.Time
 	naiveOwns []bool // naive mode only
-	// stopping partitions have nodes that finish stopping at the given time.
-	stopping map[int]time.Time
 	// firstClaim is when this replica first won a claim.
 	firstClaim time.Time
+	// bal decides the balance publication; balSeen is the balance Lease as
+	// this replica's watch shows it (it lags like the claims'); pub is the
+	// publication in flight.
+	bal     *Balancer
+	balSeen simBalance
+	pub     *simPublication
+	// nodes are the nodes this replica serves, as the driver records them;
+	// batch is the batch being served, stops the nodes stopping and when
+	// they will have stopped.
+	nodes nodeServing
+	batch *simBatch
+	stops map[string]time.Time
 }
 
 type sim struct {
@@ -85,18 +100,27 @@ type sim struct {
 	replicas []*simReplica
 	nextID   int
 	log      []string
-	rings    map[string][]string // member set → owners, built once
+	rings    map[string]*Ring // by member set, built once
 	// won counts the claims won, all replicas together.
 	won int
 	// phantom, when set, is a replica every one sees by its Lease but never
 	// as a ring member, and whose Lease flaps (it is in view every other
 	// second).
 	phantom bool
+	// nodes are the BCC nodes that exist; failing: a batch fails some of
+	// its nodes (only while faults are injected).
+	nodes    []string
+	nextNode int
+	failing  bool
+	// balance is the balance Lease; published counts the publications.
+	balance   simBalance
+	published int
 }
 
 func newSim(t *testing.T, seed uint64, n int) *sim {
 	s := &sim{t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: time.Unix(1_000_000, 0),
-		claims: make([]simClaim, simPartitions), leases: map[string]*simLease{}, rings: map[string][]string{}}
+		claims: make([]simClaim, simPartitions), leases: map[string]*simLease{}, rings: map[string]*Ring{}}
+	s.addNodes(simNodes)
 	for range n {
 		s.join()
 	}
@@ -119,7 +143,18 @@ func (s *sim) join() *simReplica {
 		view:      slices.Clone(s.claims),
 		seenCount: map[string]int{},
 		seenAt:    map[string]time.Time{},
-		stopping:  map[int]time.Time{},
+		bal: NewBalancer(BalancerConfig{
+			Self:       name,
+			Partitions: simPartitions,
+			Interval:   balanceInterval,
+		}),
+		balSeen: s.balance,
+		nodes: nodeServing{
+			state:      map[string]nodeState{},
+			retryAt:    map[string]time.Time{},
+			retryDelay: map[string]time.Duration{},
+		},
+		stops: map[string]time.Time{},
 	}
 	r.own.Renewed(s.now, s.now.Add(simRenewDeadline)) // the Lease is created first
 	s.replicas = append(s.replicas, r)
@@ -174,14 +209,16 @@ func (s *sim) tick() {
 		}
 		if !s.now.Before(r.staleTo) {
 			r.view = slices.Clone(s.claims)
+			r.balSeen = s.balance
 		}
 		s.step(r)
 	}
 	s.checkI1()
+	s.checkNodes()
 }
 
-// renew renews r's Lease when due. A renewal after a lapse fences, and the
-// fenced partitions' nodes take a moment to stop.
+// renew renews r's Lease when due. A renewal after a lapse fences; the
+// fenced partitions' nodes are stopped by the step that follows.
 func (s *sim) renew(r *simReplica) {
 	l, ok := s.leases[r.name]
 	if !ok || s.now.Sub(r.lastRenew) < simRenewEvery {
@@ -193,17 +230,17 @@ func (s *sim) renew(r *simReplica) {
 	if lapsed {
 		s.logf("%s renews after a lapse, fences %v", r.name, fenced)
 	}
-	for _, p := range fenced {
-		r.stopping[p] = s.now.Add(time.Duration(s.rng.IntN(5)) * simTick)
-	}
 }
 
+// step is one step of r's driver: apply the I/O outcomes due, run the
+// Balancer, the Ownership and the node plan, and start their I/O.
 func (s *sim) step(r *simReplica) {
+	s.finishIO(r)
 	members := s.liveMembers(r)
 	if len(members) == 0 {
 		return
 	}
-	owners := s.owners(members)
+	owners := s.stepBalance(r, members)
 	if s.naive {
 		r.naiveOwns = make([]bool, simPartitions)
 		for p, o := range owners {
@@ -211,20 +248,14 @@ func (s *sim) step(r *simReplica) {
 		}
 		return
 	}
-	// Nodes that finished stopping. Sorted, so that a seed replays the
-	// same run.
-	for _, p := range slices.Sorted(maps.Keys(r.stopping)) {
-		if !s.now.Before(r.stopping[p]) {
-			delete(r.stopping, p)
-		}
-	}
 	acts, err := r.own.Step(s.view(r, members, owners))
 	if err != nil {
 		s.t.Fatal(err)
 	}
 	s.checkBudgetHold(r, acts)
 	s.apply(r, acts)
-	if r.leaving && r.own.idle() && len(r.stopping) == 0 {
+	s.serveNodes(r)
+	if r.leaving && r.own.idle() && r.nodesIdle() {
 		delete(s.leases, r.name)
 		r.crashed = true // gone for good
 		s.logf("%s left", r.name)
@@ -239,7 +270,7 @@ func (s *sim) view(r *simReplica, members, owners []string) View {
 		Live:       members,
 		InView:     members,
 		BudgetHeld: !s.now.Before(r.noBudget),
-		Busy:       func(p int) bool { _, ok := r.stopping[p]; return ok },
+		Busy:       r.nodes.busy(simPartitions),
 	}
 	if s.phantom && s.now.Unix()%2 == 0 {
 		v.InView = append(slices.Clone(members), "phantom(lease)")
@@ -283,9 +314,9 @@ func (s *sim) apply(r *simReplica, acts []Action) {
 			}
 			acts = append(acts, more...)
 		case ActStop:
-			// In-flight calls take a little while to drain.
-			r.stopping[a.Partition] = s.now.Add(time.Duration(s.rng.IntN(5)) * simTick)
+			// The node plan that follows stops the partition's nodes.
 		case ActRelease, ActReleaseOrphan:
+			s.checkRelease(r, a)
 			if s.claims[a.Partition].holder == r.name && s.cas(r, a.Partition, a.Version, "") {
 				s.logf("%s releases p%d (%s)", r.name, a.Partition, a.Kind)
 			}
@@ -319,19 +350,20 @@ func (o *Ownership) idle() bool {
 	return !o.Releasing()
 }
 
-// owners returns the ring's table for a member set, cached: the ring is
-// deterministic for a set, and building it every tick dominates the run.
-func (s *sim) owners(members []string) []string {
+// ring returns the ring over a member set, cached: the ring is
+// deterministic for a set, building it every tick dominates the run, and
+// the Balancer keeps its table for as long as the ring is the same.
+func (s *sim) ring(members []string) *Ring {
 	key := strings.Join(members, ",")
-	if o, ok := s.rings[key]; ok {
-		return o
+	if r, ok := s.rings[key]; ok {
+		return r
 	}
 	ring, err := NewRing(simRing, members)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	s.rings[key] = ring.Table().Owners
-	return s.rings[key]
+	s.rings[key] = ring
+	return ring
 }
 
 // checkI1: at no instant may two replicas be able to serve one partition. A
@@ -378,62 +410,10 @@ func (s *sim) live() []*simReplica {
 	return out
 }
 
-// fault injects one random event. A replica back from a pause or a cut-off
-// renews at once, but its claims watch catches up only a little later.
-func (s *sim) fault() {
-	live := s.live()
-	switch k := s.rng.IntN(6); {
-	case k == 0 || len(live) < 2:
-		s.join()
-	case k == 1:
-		r := live[s.rng.IntN(len(live))]
-		r.crashed = true
-		s.logf("crash %s", r.name)
-	case k == 2:
-		r := live[s.rng.IntN(len(live))]
-		r.pausedTo = s.now.Add(time.Duration(5+s.rng.IntN(150)) * simTick) // up to 15s: past the lease
-		r.staleTo = r.pausedTo.Add(time.Duration(s.rng.IntN(30)) * simTick)
-		s.logf("pause %s until %s", r.name, r.pausedTo.Format("15:04:05.0"))
-	case k == 3:
-		r := live[s.rng.IntN(len(live))]
-		r.cutOffTo = s.now.Add(time.Duration(5+s.rng.IntN(150)) * simTick)
-		r.staleTo = r.cutOffTo.Add(time.Duration(s.rng.IntN(30)) * simTick)
-		s.logf("cut off %s until %s", r.name, r.cutOffTo.Format("15:04:05.0"))
-	case k == 4:
-		r := live[s.rng.IntN(len(live))]
-		r.leaving = true
-		s.logf("%s leaving", r.name)
-	default:
-		s.join()
-	}
-}
-
-func TestOwnership_Simulation_I1(t *testing.T) {
-	seeds := 30
-	if testing.Short() {
-		seeds = 5
-	}
-	for seed := range uint64(seeds) {
-		t.Run("seed="+strconv.FormatUint(seed, 10), func(t *testing.T) {
-			s := newSim(t, seed, 3)
-			// Faults for 2 simulated minutes, one every ~3s on average.
-			for range 1200 {
-				if s.rng.IntN(30) == 0 {
-					s.fault()
-				}
-				s.tick()
-			}
-			if len(s.live()) == 0 {
-				s.join()
-			}
-			s.settle()
-		})
-	}
-}
-
 // settle runs without faults (paused and cut-off replicas come back), then
-// checks that every partition is served by exactly the ring owner of the
-// live replicas.
+// checks that every live replica balances to the table of the published
+// counts, that every partition is served by exactly its owner in that table,
+// and every node of it by that owner alone.
 func (s *sim) settle() {
 	for range 400 {
 		s.tick()
@@ -443,34 +423,15 @@ func (s *sim) settle() {
 		names = append(names, r.name)
 	}
 	slices.Sort(names)
-	owners := s.owners(names)
+	owners := s.settledTable(names)
 	for p := range simPartitions {
 		want := owners[p]
 		for _, r := range s.live() {
 			serving := r.own.CanServe(p, s.now)
 			if serving != (r.name == want) {
-				s.t.Fatalf("after settling, partition %d: %s serving=%v, ring owner %s\n%s", p, r.name, serving, want, s.tail(40))
+				s.t.Fatalf("after settling, partition %d: %s serving=%v, owner %s\n%s", p, r.name, serving, want, s.tail(40))
 			}
 		}
 	}
-}
-
-// The simulation must be able to fail: replicas that serve whatever their
-// own ring view says, without claims or a lease fence, are caught.
-func TestOwnership_Simulation_CatchesUnfencedOwners(t *testing.T) {
-	for seed := range uint64(20) {
-		s := newSim(t, seed, 3)
-		s.naive = true
-		for range 1200 {
-			if s.rng.IntN(30) == 0 {
-				s.fault()
-			}
-			s.tick()
-			if s.violated {
-				t.Logf("seed %d: caught at %s", seed, s.now.Format("15:04:05.0"))
-				return
-			}
-		}
-	}
-	t.Fatal("the I1 check never caught replicas that serve without fencing")
+	s.settledNodes()
 }

@@ -5,14 +5,17 @@
 // (buraksezer/consistent v1.0.0 with xxhash, a prime partition count and
 // bounded load) that maps node → partition → owner, Ring.Balanced that
 // evens out the members' shares of nodes given per-partition node counts,
-// Table and Diff, and Ownership, the state machine of one replica: it takes
-// what the replica observed (a View: the ring's wishes, the partition claims,
-// the replicas in view, its budget share, the nodes still stopping, the time;
-// and each lease renewal) and returns the Actions to carry out (claim,
-// serve, stop, release), deciding the cold-start hold, the lapse rule and
-// the release of orphaned claims on the way.
+// Table and Diff; Balancer, which decides when this replica publishes the
+// node counts every replica balances with (the first live member, when the
+// shares drift; a PublishBalance) and gives the table they balance to;
+// Ownership, the state machine of one replica: it takes what the replica
+// observed (a View: that table, the partition claims, the replicas in view,
+// its budget share, the nodes still stopping, the time; and each lease
+// renewal) and returns the Actions to carry out (claim, serve, stop,
+// release), deciding the cold-start hold, the lapse rule and the release of
+// orphaned claims on the way; and the plan of which nodes to start and stop.
 //
-// The driver, Coordinator, runs Ownership against Leases in the API server
+// The driver, Coordinator, runs them against Leases in the API server
 // (replica Leases, partition claims by compare-and-swap, the published node
 // counts, the budget split) on one goroutine, and tells the IPAM which nodes
 // to serve. It publishes its state as an immutable snapshot in a Fence, which

@@ -314,8 +314,9 @@ func TestChart_ServerDryRunAccepted(t *testing.T) {
 					t.Errorf("no %s rendered (kinds: %v)", k, kinds)
 				}
 			}
-			if kinds["CustomResourceDefinition"] != 3 {
-				t.Errorf("%d CRDs rendered, want 3 (workloadendpoints, ippools, subnets)", kinds["CustomResourceDefinition"])
+			if kinds["CustomResourceDefinition"] != 5 {
+				t.Errorf("%d CRDs rendered, want 5 (workloadendpoints, ippools, subnets, podsubnettopologyspreads, "+
+					"podsubnettopologyspreadtables)", kinds["CustomResourceDefinition"])
 			}
 		})
 	}

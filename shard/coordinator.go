@@ -181,13 +181,9 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 			Partitions: cfg.Ring.Partitions,
 			Interval:   balanceInterval,
 		}),
-		seen:    map[string]observed{},
-		written: map[int]writtenClaim{},
-		serving: nodeServing{
-			state:      map[string]nodeState{},
-			retryAt:    map[string]time.Time{},
-			retryDelay: map[string]time.Duration{},
-		},
+		seen:        map[string]observed{},
+		written:     map[int]writtenClaim{},
+		serving:     newNodeServing(),
 		readyReason: "not started",
 	}
 	c.budget = newBudget(budgetDeps{

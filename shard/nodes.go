@@ -33,6 +33,15 @@ type nodeServing struct {
 	retryDelay map[string]time.Duration // a failing node's current backoff (see serveBackoff)
 }
 
+// newNodeServing serves no node yet.
+func newNodeServing() nodeServing {
+	return nodeServing{
+		state:      map[string]nodeState{},
+		retryAt:    map[string]time.Time{},
+		retryDelay: map[string]time.Duration{},
+	}
+}
+
 // servedNodes lists the nodes this controller serves: BCC nodes (a cce://
 // provider ID) not being deleted.
 func (c *Coordinator) servedNodes() []string {

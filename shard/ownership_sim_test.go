@@ -149,12 +149,8 @@ func (s *sim) join() *simReplica {
 			Interval:   balanceInterval,
 		}),
 		balSeen: s.balance,
-		nodes: nodeServing{
-			state:      map[string]nodeState{},
-			retryAt:    map[string]time.Time{},
-			retryDelay: map[string]time.Duration{},
-		},
-		stops: map[string]time.Time{},
+		nodes:   newNodeServing(),
+		stops:   map[string]time.Time{},
 	}
 	r.own.Renewed(s.now, s.now.Add(simRenewDeadline)) // the Lease is created first
 	s.replicas = append(s.replicas, r)

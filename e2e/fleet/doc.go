@@ -16,8 +16,14 @@
 //	r.Terminate()     // SIGTERM, waits for a graceful exit
 //	r.Restart(ctx)    // Terminate + Start
 //	v, _ := r.Metric(ctx, "cce_ipam_shard_owned_nodes", nil)
+//	r.TerminateWithin(40 * time.Second)
 //	f.AddReplica(ctx); f.Replica(3).Remove(); f.RestartKubelet() // new endpoint list
+//	f.AddReplicaWith(ctx, fleet.ReplicaOptions{OwnGossipKey: true, NoReadyWait: true}) // cannot join
 //	f.CNIAddrs()                       // gRPC addresses of the live replicas
+//	r.CNI().AllocateIP(ctx, req)       // a CNI call to this replica only
+//	f.Running()                        // the live replicas whose process runs
+//	holders, _ := f.Settle(ctx)        // running replicas agree: node -> holder
+//	st, _ := r.ShardStatus(ctx)        // /shard/status: member name, members, partitions
 //	f.SetFaults(ctx, bcesim.Faults{ErrorRate: map[bcesim.Op]float64{"*": 0.2}})
 //	f.SetSimRateLimits(ctx, ...)       // lower limits: 429 RateLimit answers
 //	st, _ := f.SimStats(ctx)           // bce-sim's per-op, per-second counters
@@ -34,7 +40,10 @@
 // file), advertises its gRPC address for forwarding, signs forwarded calls
 // with a shared key, and keeps its Lease in Options.LeaseNamespace. A fleet on
 // its own control plane installs the chart's wep fencing policy and runs its
-// replicas as the user it fences.
+// replicas as the user it fences; on a SharedCluster (a package's control
+// plane, one namespace per test) it does the same for LeaseNamespace only.
+// Options.ReplicaArgsFunc and ReplicaEnvFunc give one replica flags or
+// environment variables of its own (the product's test-only failpoints).
 //
 // A fleet owns its nodes: on a shared control plane run one fleet at a time
 // (Close deletes the fleet's nodes and IPPools so the next one starts

@@ -50,8 +50,9 @@ type Fleet struct {
 
 	opts Options
 	// fencingPolicy and replicaKubeconfig: the wep fencing policy the
-	// fleet installed in its own control plane, and the identity it fences.
+	// fleet installed in its control plane, and the identity it fences.
 	fencingPolicy     string
+	removeFencing     func() // the policy's removal from a SharedCluster
 	replicaKubeconfig string
 	gossipKey         string // file paths, shared by every replica
 	forwardKey        string
@@ -167,11 +168,16 @@ func (f *Fleet) makeDir() error {
 // gives one, and builds the clients.
 func (f *Fleet) connectControlPlane(ctx context.Context) error {
 	o := &f.opts
-	if o.Config == nil {
+	switch {
+	case o.SharedCluster != nil:
+		if err := f.fenceSharedCluster(ctx); err != nil {
+			return err
+		}
+	case o.Config == nil:
 		if err := f.startControlPlane(ctx); err != nil {
 			return err
 		}
-	} else {
+	default:
 		f.Config, f.Kubeconfig = o.Config, o.Kubeconfig
 	}
 	var err error
@@ -180,6 +186,23 @@ func (f *Fleet) connectControlPlane(ctx context.Context) error {
 	}
 	f.CCE, err = cceclient.NewForConfig(f.Config)
 	return err
+}
+
+// fenceSharedCluster installs the CRDs into Options.SharedCluster and the
+// chart's wep fencing policy for LeaseNamespace only; the replicas run as
+// the user it fences.
+func (f *Fleet) fenceSharedCluster(ctx context.Context) error {
+	cp := f.opts.SharedCluster
+	f.Config, f.Kubeconfig = cp.Config, cp.Kubeconfig
+	if err := cp.InstallCRDs(ctx, filepath.Join(f.chartDir(), "crds")); err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	name, remove, err := cp.InstallFencingPolicy(ctx, f.chartDir(), f.opts.LeaseNamespace)
+	if err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	f.fencingPolicy, f.removeFencing, f.replicaKubeconfig = name, remove, cp.ReplicaKubeconfig
+	return nil
 }
 
 // startControlPlane starts e2e/cluster with kube-controller-manager, installs
@@ -201,20 +224,25 @@ func (f *Fleet) startControlPlane(ctx context.Context) error {
 		return fmt.Errorf("fleet: control plane: %w", err)
 	}
 	f.Cluster = cp
-	root, err := moduleRoot()
-	if err != nil {
-		root = filepath.Dir(o.BinDir)
-	}
-	if err := cp.InstallCRDs(ctx, filepath.Join(root, "charts", "cce-ipam", "crds")); err != nil {
+	if err := cp.InstallCRDs(ctx, filepath.Join(f.chartDir(), "crds")); err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
 	f.Config, f.Kubeconfig = cp.Config, cp.Kubeconfig
-	name, _, err := cp.InstallFencingPolicyAllNamespaces(ctx, filepath.Join(root, "charts", "cce-ipam"), o.LeaseNamespace)
+	name, _, err := cp.InstallFencingPolicyAllNamespaces(ctx, f.chartDir(), o.LeaseNamespace)
 	if err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
 	f.fencingPolicy, f.replicaKubeconfig = name, cp.ReplicaKubeconfig
 	return nil
+}
+
+// chartDir is the repository's Helm chart (CRDs, fencing policy).
+func (f *Fleet) chartDir() string {
+	root, err := moduleRoot()
+	if err != nil {
+		root = filepath.Dir(f.opts.BinDir)
+	}
+	return filepath.Join(root, "charts", "cce-ipam")
 }
 
 // simClient is a BCE client of the fleet's bce-sim with a generous budget.
@@ -436,9 +464,10 @@ func (f *Fleet) DeleteNode(ctx context.Context, name string) error {
 }
 
 // Close stops everything the fleet started, in reverse order: the kubelet
-// simulator, the replicas (SIGTERM, SIGKILL after 10s), the fleet's nodes
-// and IPPools when the control plane was given (so the next fleet on it
-// does not see them), bce-sim, and the control plane it started. It is
+// simulator, the replicas (SIGTERM, SIGKILL after 10s) and their CNI
+// clients, the fencing policy it installed in a SharedCluster, the fleet's
+// nodes and IPPools when the control plane was given (so the next fleet on
+// it does not see them), bce-sim, and the control plane it started. It is
 // safe to call more than once.
 func (f *Fleet) Close() error {
 	f.closeOnce.Do(func() {
@@ -459,6 +488,12 @@ func (f *Fleet) Close() error {
 			})
 		}
 		wg.Wait()
+		for _, r := range f.Replicas() {
+			errs = append(errs, r.closeCNI())
+		}
+		if f.removeFencing != nil {
+			f.removeFencing()
+		}
 		if f.Cluster == nil && f.Kube != nil {
 			errs = append(errs, f.deleteObjects())
 		}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/cce-ipam/sharded/cloud/bcesim"
+	"github.com/cce-ipam/sharded/e2e/cluster"
 	"github.com/cce-ipam/sharded/e2e/kubeletsim"
 )
 
@@ -32,6 +33,16 @@ type Options struct {
 	// then can RestartAPIServer work.
 	Config     *rest.Config
 	Kubeconfig string
+	// SharedCluster is a control plane from e2e/cluster that the fleet
+	// shares with other tests (a package's TestMain), given instead of
+	// Config and Kubeconfig. The fleet installs the CRDs and fences as on a
+	// control plane of its own, but for LeaseNamespace only: the chart's
+	// wep fencing policy covers the Leases and the weps of that namespace
+	// (so that fleets of other tests are not fenced by it; Close removes
+	// it), and the replicas run as the user it fences. Give each fleet a
+	// namespace of its own (cluster.Namespace) and create the pods whose
+	// weps must be fenced there.
+	SharedCluster *cluster.Cluster
 	// BinDir holds cce-ipam and bce-sim (and the control-plane binaries
 	// when the fleet starts its own). Defaults to $CCE_IPAM_BIN_DIR, else
 	// bin/ at the root of this module.
@@ -60,7 +71,8 @@ type Options struct {
 	// InstanceCPUs and InstanceMemoryGB size every simulated instance
 	// (max ENIs = min(cpus,8), IPs per ENI from memory). Default 8 and 64.
 	InstanceCPUs, InstanceMemoryGB int
-	// AttachDelay is bce-sim's ENI attach time. Defaults to 200ms.
+	// AttachDelay is bce-sim's ENI attach time. Defaults to 200ms; a
+	// negative value attaches at once.
 	AttachDelay time.Duration
 	// SimRateLimits override bce-sim's per-operation limits (the defaults
 	// are BCE's documented ones); QPS 0 lifts a limit. NoSimRateLimits
@@ -87,6 +99,11 @@ type Options struct {
 	// adds per-replica flags after those (it sees the replica index).
 	ReplicaArgs     []string
 	ReplicaArgsFunc func(index int) []string
+	// ReplicaEnvFunc, when set, adds environment variables ("NAME=value")
+	// to the replica with that index, on top of the test binary's own
+	// environment: e.g. the product's test-only failpoints, armed for one
+	// replica.
+	ReplicaEnvFunc func(index int) []string
 
 	// KubeletDebug logs every CNI ADD and DEL of the kubelet simulator (pod,
 	// container, node, IP) to kubelet-sim.log.
@@ -136,6 +153,12 @@ type External struct {
 var namePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
 
 func (o *Options) defaults() error {
+	if c := o.SharedCluster; c != nil {
+		if o.Config != nil || o.Kubeconfig != "" || o.External != nil {
+			return errors.New("fleet: SharedCluster replaces Config and Kubeconfig, and is no External IPAM")
+		}
+		o.Config, o.Kubeconfig = c.Config, c.Kubeconfig
+	}
 	if (o.Config == nil) != (o.Kubeconfig == "") {
 		return errors.New("fleet: give both Config and Kubeconfig, or neither")
 	}

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -14,8 +15,12 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/cce-ipam/sharded/e2e/freeport"
 	"github.com/cce-ipam/sharded/e2e/supervisor"
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
 // Replica is one cce-ipam process of the fleet. Its ports stay the same
@@ -23,12 +28,16 @@ import (
 type Replica struct {
 	f           *Fleet
 	index       int
+	ro          ReplicaOptions
+	gossipKey   string // its own key file (ReplicaOptions.OwnGossipKey)
 	grpcAddr    string
 	metricsAddr string
 	gossipHost  string
 	gossipPort  int
 	netns       string // the network namespace it runs in (Options.NetNS)
 	logPath     string
+	conn        *grpc.ClientConn // CNI client, dialed when it is added
+	cni         rpc.CNIBackendClient
 
 	mu       sync.Mutex
 	p        *supervisor.Process
@@ -37,42 +46,120 @@ type Replica struct {
 	lastArgs []string
 }
 
+// ReplicaOptions shape one replica that AddReplicaWith adds.
+type ReplicaOptions struct {
+	// OwnGossipKey gives the replica a gossip key of its own: it tries to
+	// join the others but cannot (nor can they gossip with it), like a
+	// replica of another cluster or one with a wrong key.
+	OwnGossipKey bool
+	// NoReadyWait makes Start return once the process answers /healthz
+	// instead of /readyz: for a replica that may never become ready (one
+	// without peers that cannot claim what others hold).
+	NoReadyWait bool
+}
+
+// bindAttempts bounds how often AddReplica picks new ports for a replica
+// that could not bind them (see freeport).
+const bindAttempts = 3
+
 // AddReplica starts one more replica and waits until it is ready. The
 // kubelet simulator keeps its endpoint list: call RestartKubelet to spread
 // calls over the new replica too.
 func (f *Fleet) AddReplica(ctx context.Context) (*Replica, error) {
+	return f.AddReplicaWith(ctx, ReplicaOptions{})
+}
+
+// AddReplicaWith is AddReplica for a replica shaped by ro. A replica whose
+// ports another process took between their choice and its bind is started
+// again on new ones.
+func (f *Fleet) AddReplicaWith(ctx context.Context, ro ReplicaOptions) (*Replica, error) {
 	f.mu.Lock()
 	r := &Replica{
 		f:     f,
 		index: f.nextIndex,
+		ro:    ro,
 	}
 	f.nextIndex++
 	f.mu.Unlock()
 	r.logPath = filepath.Join(f.Dir, fmt.Sprintf("replica-%d.log", r.index))
-	if n := f.netns; n != nil {
-		// A namespace of its own: fixed ports on its own address.
-		if err := n.ensureSpace(r.index); err != nil {
+	if ro.OwnGossipKey {
+		var err error
+		if r.gossipKey, err = writeKey(f.Dir, fmt.Sprintf("gossip-%d.key", r.index)); err != nil {
 			return nil, err
 		}
-		host := n.addr(r.index)
-		r.grpcAddr, r.metricsAddr, r.gossipHost, r.gossipPort = host+":9997", host+":9998", host, 7946
-		r.netns = n.space(r.index)
-	} else {
-		ports, err := freeport.Get(3)
-		if err != nil {
+	}
+	if err := r.pickAddrs(); err != nil {
+		return nil, err
+	}
+	// The replica joins the fleet only once its addresses are final: peers
+	// and CNIAddrs read them without a lock.
+	var err error
+	for attempt := 1; ; attempt++ {
+		from := logSize(r.logPath)
+		err = r.Start(ctx)
+		if err == nil || r.netns != "" || attempt == bindAttempts || !r.bindFailed(from) {
+			break
+		}
+		f.opts.Logger.Info("replica could not bind its ports; new ones", "replica", r.index)
+		if err := r.pickAddrs(); err != nil {
 			return nil, err
 		}
-		r.grpcAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
-		r.metricsAddr = "127.0.0.1:" + strconv.Itoa(ports[1])
-		r.gossipHost, r.gossipPort = "127.0.0.1", ports[2]
+	}
+	if err == nil {
+		if r.conn, err = grpc.NewClient(r.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err == nil {
+			r.cni = rpc.NewCNIBackendClient(r.conn)
+		} else {
+			err = fmt.Errorf("replica %d: CNI client: %w", r.index, err)
+		}
 	}
 	f.mu.Lock()
 	f.replicas = append(f.replicas, r)
 	f.mu.Unlock()
-	if err := r.Start(ctx); err != nil {
-		return r, err
+	return r, err
+}
+
+// pickAddrs chooses the replica's addresses: fixed ones on its own address
+// in a network namespace, else free ports on 127.0.0.1.
+func (r *Replica) pickAddrs() error {
+	if n := r.f.netns; n != nil {
+		if err := n.ensureSpace(r.index); err != nil {
+			return err
+		}
+		host := n.addr(r.index)
+		r.grpcAddr, r.metricsAddr, r.gossipHost, r.gossipPort = host+":9997", host+":9998", host, 7946
+		r.netns = n.space(r.index)
+		return nil
 	}
-	return r, nil
+	ports, err := freeport.Get(3)
+	if err != nil {
+		return err
+	}
+	r.grpcAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
+	r.metricsAddr = "127.0.0.1:" + strconv.Itoa(ports[1])
+	r.gossipHost, r.gossipPort = "127.0.0.1", ports[2]
+	return nil
+}
+
+// logSize is the length of the log file (0 when it does not exist yet).
+func logSize(path string) int64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+// bindFailed reports whether the latest process exited and wrote, after
+// offset from of its log, that an address was in use.
+func (r *Replica) bindFailed(from int64) bool {
+	if r.Running() {
+		return false
+	}
+	data, err := os.ReadFile(r.logPath)
+	if err != nil || int64(len(data)) < from {
+		return false
+	}
+	return strings.Contains(string(data[from:]), "address already in use")
 }
 
 // Index is the replica's number in the fleet (never reused).
@@ -80,6 +167,18 @@ func (r *Replica) Index() int { return r.index }
 
 // GRPCAddr is the host:port of its CNI gRPC service.
 func (r *Replica) GRPCAddr() string { return r.grpcAddr }
+
+// CNI is a client of its CNI gRPC service, calling this replica only (the
+// router forwards what it does not own). The connection is kept across
+// restarts; Close closes it. Nil when AddReplica failed.
+func (r *Replica) CNI() rpc.CNIBackendClient { return r.cni }
+
+func (r *Replica) closeCNI() error {
+	if r.conn == nil {
+		return nil
+	}
+	return r.conn.Close()
+}
 
 // MetricsAddr is the host:port of /metrics, /healthz and /readyz.
 func (r *Replica) MetricsAddr() string { return r.metricsAddr }
@@ -158,7 +257,7 @@ func (r *Replica) args() []string {
 		"--ip-cooling-period", "1s", "--log-level", o.LogLevel}
 	a = append(a, "--memberlist-bind-addr", r.gossipHost, "--memberlist-bind-port", strconv.Itoa(r.gossipPort),
 		"--memberlist-advertise-addr", r.gossipHost,
-		"--memberlist-gossip-key-file", f.gossipKey,
+		"--memberlist-gossip-key-file", cmp.Or(r.gossipKey, f.gossipKey),
 		"--memberlist-name-prefix", fmt.Sprintf("%s-r%d", o.Name, r.index),
 		"--memberlist-grpc-advertise-addr", r.grpcAddr,
 		"--namespace", o.LeaseNamespace,
@@ -206,10 +305,17 @@ func (r *Replica) Start(ctx context.Context) error {
 			bin = path
 		}
 	}
+	var env []string // nil: the test binary's environment
+	if fn := r.f.opts.ReplicaEnvFunc; fn != nil {
+		if extra := fn(r.index); len(extra) > 0 {
+			env = append(os.Environ(), extra...)
+		}
+	}
 	p, err := supervisor.Start(supervisor.Spec{
 		Name:    fmt.Sprintf("replica-%d", r.index),
 		Bin:     bin,
 		Args:    cmd,
+		Env:     env,
 		LogPath: r.logPath,
 	})
 	if err != nil {
@@ -220,12 +326,21 @@ func (r *Replica) Start(ctx context.Context) error {
 	r.starts++
 	r.mu.Unlock()
 	r.f.opts.Logger.Info("replica started", "replica", r.index, "pid", p.PID(), "grpc", r.grpcAddr, "metrics", r.metricsAddr)
+	if r.ro.NoReadyWait {
+		return r.waitProbe(ctx, "/healthz")
+	}
 	return r.WaitReady(ctx)
 }
 
 // WaitReady polls /readyz until it answers 200, the process exits, or ctx
 // ends.
 func (r *Replica) WaitReady(ctx context.Context) error {
+	return r.waitProbe(ctx, "/readyz")
+}
+
+// waitProbe polls the probe at path until it answers 200, the process
+// exits, or ctx ends.
+func (r *Replica) waitProbe(ctx context.Context, path string) error {
 	r.mu.Lock()
 	p := r.p
 	r.mu.Unlock()
@@ -234,12 +349,12 @@ func (r *Replica) WaitReady(ctx context.Context) error {
 	}
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
-	for !r.Ready() {
+	for !r.probe(path) {
 		select {
 		case <-p.Exited():
-			return fmt.Errorf("replica %d, before it was ready: %w", r.index, p.ExitError())
+			return fmt.Errorf("replica %d, before %s answered: %w", r.index, path, p.ExitError())
 		case <-ctx.Done():
-			return fmt.Errorf("replica %d not ready: %w:\n%s", r.index, ctx.Err(), r.Logs(30))
+			return fmt.Errorf("replica %d: no %s: %w:\n%s", r.index, path, ctx.Err(), r.Logs(30))
 		case <-t.C:
 		}
 	}
@@ -247,9 +362,12 @@ func (r *Replica) WaitReady(ctx context.Context) error {
 }
 
 // Ready reports whether /readyz answers 200 right now.
-func (r *Replica) Ready() bool {
+func (r *Replica) Ready() bool { return r.probe("/readyz") }
+
+// probe reports whether GET path answers 200 right now.
+func (r *Replica) probe(path string) bool {
 	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + r.metricsAddr + "/readyz")
+	resp, err := c.Get("http://" + r.metricsAddr + path)
 	if err != nil {
 		return false
 	}
@@ -318,7 +436,10 @@ func (r *Replica) Cont() error {
 
 // Terminate sends SIGTERM and waits for a graceful exit; after 30s it
 // SIGKILLs and reports that it had to.
-func (r *Replica) Terminate() error {
+func (r *Replica) Terminate() error { return r.TerminateWithin(30 * time.Second) }
+
+// TerminateWithin is Terminate with grace instead of 30s.
+func (r *Replica) TerminateWithin(grace time.Duration) error {
 	p, err := r.current()
 	if err != nil {
 		return err
@@ -330,12 +451,12 @@ func (r *Replica) Terminate() error {
 	select {
 	case <-p.Exited():
 		return nil
-	case <-time.After(30 * time.Second):
+	case <-time.After(grace):
 	}
 	if err := p.Kill(); err != nil {
 		return err
 	}
-	return fmt.Errorf("replica %d ignored SIGTERM for 30s and was killed", r.index)
+	return fmt.Errorf("replica %d ignored SIGTERM for %s and was killed", r.index, grace)
 }
 
 // ExitError returns how the latest process exited (nil while it runs or

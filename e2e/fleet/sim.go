@@ -23,7 +23,7 @@ func (f *Fleet) startSim(ctx context.Context) error {
 	o := f.opts
 	args := []string{"--listen", "127.0.0.1:0", "--credential", AccessKey + ":" + SecretKey,
 		"--vpc", f.VPCID, "--subnet", f.SubnetID + "," + Zone + "," + o.SubnetCIDR,
-		"--security-group", f.SecurityGroup, "--attach-delay", o.AttachDelay.String(), "--log-level", "warn"}
+		"--security-group", f.SecurityGroup, "--attach-delay", max(o.AttachDelay, 0).String(), "--log-level", "warn"}
 	if o.NoSimRateLimits {
 		args = append(args, "--rate-limits=false")
 	}

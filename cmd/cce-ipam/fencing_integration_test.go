@@ -6,14 +6,15 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/cce-ipam/sharded/e2e/fleet"
 	"github.com/cce-ipam/sharded/shard"
 )
 
@@ -24,28 +25,22 @@ import (
 // write already on the wire: once released, the Create is sent without the
 // lease deadline as its context deadline, so the client cannot recall it.
 func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
-	e := newShardEnv(t, 12)
 	dir := t.TempDir()
-	freeze := func(name string) string { return filepath.Join(dir, "freeze-"+name) }
-	e.envOf = func(name string) []string {
-		return []string{"CCE_IPAM_TEST_FAILPOINT=before-wep-create=" + freeze(name)}
-	}
-	for range 3 {
-		e.start(e.keyFile)
-	}
-	e.settle(90 * time.Second)
-	holders := e.holders(e.replicas[0])
-	victim, victimNodes := e.busiest(holders, e.replicas...)
+	freeze := func(index int) string { return filepath.Join(dir, "freeze-"+strconv.Itoa(index)) }
+	e := startShards(t, fleet.Options{
+		Name:     "frozen",
+		Replicas: 3,
+		ReplicaEnvFunc: func(index int) []string {
+			return []string{"CCE_IPAM_TEST_FAILPOINT=before-wep-create=" + freeze(index)}
+		},
+	}, 12)
+	holders, _ := e.settle(90 * time.Second)
+	victim, victimNodes := e.busiest(holders, e.Replicas()...)
 	victimName := e.memberName(victim)
 	if len(victimNodes) == 0 {
 		t.Fatalf("%s holds no node: %v", victimName, holders)
 	}
-	var others []*replica
-	for _, r := range e.replicas {
-		if r != victim {
-			others = append(others, r)
-		}
-	}
+	others := except(e.Replicas(), victim)
 	node := victimNodes[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -68,7 +63,7 @@ func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
 	time.Sleep(2 * time.Second)
 
 	// Arm the failpoint and send the call that will freeze before its Create.
-	fp := freeze(victim.name)
+	fp := freeze(victim.Index())
 	if err := os.WriteFile(fp, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -91,20 +86,20 @@ func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s never reached the failpoint before its wep Create", victim.name)
+			t.Fatalf("%s never reached the failpoint before its wep Create", via(victim))
 		}
 	}
 	detail, _ := os.ReadFile(hit)
-	t.Logf("%s (%s) frozen before its wep Create: %s", victim.name, victimName, strings.TrimSpace(string(detail)))
+	t.Logf("%s (%s) frozen before its wep Create: %s", via(victim), victimName, strings.TrimSpace(string(detail)))
 
 	// The whole process freezes (its lease lapses); another replica takes
 	// the node over and allocates on it.
-	if err := victim.proc.Signal(syscall.SIGSTOP); err != nil {
+	if err := victim.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	stoppedAt := time.Now()
 	claimName := shard.PartitionLeaseName(shard.PartitionOf(271, node))
-	before, err := e.kube.CoordinationV1().Leases(e.ns).Get(ctx, claimName, metav1.GetOptions{})
+	before, err := e.Kube.CoordinationV1().Leases(e.ns).Get(ctx, claimName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +109,7 @@ func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
 			t.Fatalf("nobody took %s over from the frozen %s", node, victimName)
 		}
 		time.Sleep(200 * time.Millisecond)
-		if l, err := e.kube.CoordinationV1().Leases(e.ns).Get(ctx, claimName, metav1.GetOptions{}); err == nil {
+		if l, err := e.Kube.CoordinationV1().Leases(e.ns).Get(ctx, claimName, metav1.GetOptions{}); err == nil {
 			newOwner = ptr.Deref(l.Spec.HolderIdentity, "")
 			if newOwner != "" && newOwner != victimName {
 				t.Logf("%s: holder %q epoch %d → holder %q epoch %d", claimName, ptr.Deref(before.Spec.HolderIdentity, ""),
@@ -134,7 +129,7 @@ func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
 				break
 			}
 			if tries%25 == 0 {
-				t.Logf("allocate %s via %s: %v", p, others[k%2].name, err)
+				t.Logf("allocate %s via %s: %v", p, via(others[k%2]), err)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
@@ -149,7 +144,7 @@ func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
 	if err := os.Remove(fp); err != nil {
 		t.Fatal(err)
 	}
-	if err := victim.proc.Signal(syscall.SIGCONT); err != nil {
+	if err := victim.Cont(); err != nil {
 		t.Fatal(err)
 	}
 	var got reply
@@ -171,7 +166,7 @@ func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
 		if !strings.Contains(got.err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(got.err.Error(), "fenced") {
 			t.Errorf("the frozen Create failed, but not by the fencing policy: %v", got.err)
 		}
-		if _, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(ctx, frozenPod, metav1.GetOptions{}); err == nil {
+		if _, err := e.CCE.CceV1alpha1().WorkloadEndpoints(e.ns).Get(ctx, frozenPod, metav1.GetOptions{}); err == nil {
 			t.Errorf("a wep exists for %s although its Create was refused", frozenPod)
 		}
 		// kubelet retries the ADD; the new owner serves it.
@@ -190,7 +185,7 @@ func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	e.checkIPs(ctx, results)
 	// Every wep of the namespace names a distinct IP.
-	weps, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).List(ctx, metav1.ListOptions{})
+	weps, err := e.CCE.CceV1alpha1().WorkloadEndpoints(e.ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

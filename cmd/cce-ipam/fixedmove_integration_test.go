@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/cce-ipam/sharded/e2e/fleet"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
-	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
 // A fixed-IP StatefulSet pod moves to a node of another replica and back.
@@ -22,13 +22,15 @@ import (
 // through the router's forwarded move; the pod keeps its address, on the
 // ENI of the node it runs on, and no stranger on the node it left gets it.
 func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {
-	e := newShardEnv(t, 12)
-	r0, r1 := e.start(e.keyFile), e.start(e.keyFile)
-	e.settle(90 * time.Second)
-	holders := e.holders(r0)
+	e := startShards(t, fleet.Options{
+		Name:     "fixedmove",
+		Replicas: 2,
+	}, 12)
+	r0, r1 := e.Replica(0), e.Replica(1)
+	holders, _ := e.settle(90 * time.Second)
 	name0, name1 := e.memberName(r0), e.memberName(r1)
 	var nodeA, nodeB string
-	for _, n := range e.nodes {
+	for _, n := range e.Nodes() {
 		switch {
 		case holders[n] == name0 && nodeA == "":
 			nodeA = n
@@ -41,7 +43,7 @@ func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	sts, err := e.kube.AppsV1().StatefulSets(e.ns).Create(ctx, &appsv1.StatefulSet{
+	sts, err := e.Kube.AppsV1().StatefulSets(e.ns).Create(ctx, &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Name: "mv"},
 		Spec: appsv1.StatefulSetSpec{Replicas: ptr.To[int32](1),
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "mv"}},
@@ -57,7 +59,7 @@ func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {
 	const pod = "mv-0"
 	place := func(node string) {
 		t.Helper()
-		_, err := e.kube.CoreV1().Pods(e.ns).Create(ctx, &corev1.Pod{
+		_, err := e.Kube.CoreV1().Pods(e.ns).Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: pod, Annotations: map[string]string{cce.AnnotationStsEnableFixIP: cce.EnableFixIPTrue},
 				OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "StatefulSet", Name: sts.Name,
 					UID: sts.UID, Controller: ptr.To(true)}}},
@@ -73,18 +75,17 @@ func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	remove := func(via *replica) {
+	remove := func(via *fleet.Replica) {
 		t.Helper()
-		reply, err := via.cni.ReleaseIP(ctx, &rpc.ReleaseIPRequest{K8SPodName: pod, K8SPodNamespace: e.ns,
-			K8SPodInfraContainerID: "sandbox-" + pod, IPType: rpc.IPType_BCCMultiENIMultiIPType})
+		reply, err := e.release(ctx, via, pod)
 		if err != nil || !reply.IsSuccess {
 			t.Fatalf("DEL of %s = %v, %v", pod, reply, err)
 		}
-		if err := e.kube.CoreV1().Pods(e.ns).Delete(ctx, pod, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		if err := e.Kube.CoreV1().Pods(e.ns).Delete(ctx, pod, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 			t.Fatal(err)
 		}
 		for {
-			if _, err := e.kube.CoreV1().Pods(e.ns).Get(ctx, pod, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			if _, err := e.Kube.CoreV1().Pods(e.ns).Get(ctx, pod, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 				return
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -136,8 +137,8 @@ func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {
 		})
 	}
 	e.checkIPs(ctx, results)
-	if moves := r0.metric("cce_ipam_shard_forwarded_requests_total", `result="ok"`) +
-		r1.metric("cce_ipam_shard_forwarded_requests_total", `result="ok"`); moves < 5 {
+	if moves := e.metric(r0, "cce_ipam_shard_forwarded_requests_total", okResult) +
+		e.metric(r1, "cce_ipam_shard_forwarded_requests_total", okResult); moves < 5 {
 		t.Errorf("%v forwarded calls, want the 3 ADDs, the DELs and the 2 moves", moves)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +24,11 @@ import (
 // gossiping over loopback on the package's control plane. The tests make
 // the CNI calls themselves (no kubelet simulator), to the replica of their
 // choice; these are their shared steps and checks.
+
+const (
+	globalRate  = 20
+	globalBurst = 10
+)
 
 // shardFleet is a fleet whose tests create their pods in ns: the namespace
 // of the replicas' Leases, whose weps the fencing policy covers.
@@ -121,6 +127,11 @@ func except(all []*fleet.Replica, r *fleet.Replica) []*fleet.Replica {
 	return slices.DeleteFunc(slices.Clone(all), func(o *fleet.Replica) bool { return o == r })
 }
 
+var podSeq struct {
+	sync.Mutex
+	n int
+}
+
 // newPod creates a pod bound to node and returns its name.
 func (e *shardFleet) newPod(ctx context.Context, node string) (string, error) {
 	podSeq.Lock()
@@ -155,6 +166,13 @@ func (e *shardFleet) allocate(ctx context.Context, r *fleet.Replica, pod string)
 func (e *shardFleet) release(ctx context.Context, r *fleet.Replica, pod string) (*rpc.ReleaseIPReply, error) {
 	return r.CNI().ReleaseIP(ctx, &rpc.ReleaseIPRequest{K8SPodName: pod, K8SPodNamespace: e.ns,
 		K8SPodInfraContainerID: "sandbox-" + pod, IPType: rpc.IPType_BCCMultiENIMultiIPType})
+}
+
+// result is one pod's allocation as the test saw it.
+type result struct {
+	pod, node, ip, via string
+	start, done        time.Time
+	attempts           int
 }
 
 func via(r *fleet.Replica) string { return "replica " + strconv.Itoa(r.Index()) }

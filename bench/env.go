@@ -106,16 +106,30 @@ func startEnv(ctx context.Context, cfg Config) (_ *env, err error) {
 	}
 	e.log.Info("starting bce-sim and the first replica")
 	if e.f, err = fleet.New(ctx, fleet.Options{
-		Config: e.cp.Config, Kubeconfig: e.cp.Kubeconfig, BinDir: cfg.BinDir,
-		Dir: filepath.Join(cfg.WorkDir, "fleet"), KeepDir: true, Name: "bench",
-		Replicas: 1, NoKubelet: true,
-		SubnetCIDR: "10.16.0.0/12", InstanceCPUs: 8, InstanceMemoryGB: 128, AttachDelay: 50 * time.Millisecond,
-		BCERate: cfg.Profile.BudgetRate, BCEBurst: cfg.Profile.BudgetBurst,
-		IdleMin: cfg.Profile.IdleMin, IdleMax: cfg.Profile.IdleMax,
-		ReplicaArgsFunc: e.replicaArgs,
-		Kubelet:         func(c *kubeletsim.Config) { c.RegisterWorkers = 16 },
-		StartTimeout:    5 * time.Minute,
-		Logger:          e.log,
+		// A shared control plane: the fleet installs the chart's wep fencing
+		// policy for the pods' namespace (the replicas keep their Leases
+		// there) and runs the replicas as the user it fences, so every wep
+		// write of the bench is checked by the API server, as in a cluster.
+		SharedCluster:    e.cp,
+		LeaseNamespace:   podNamespace,
+		BinDir:           cfg.BinDir,
+		Dir:              filepath.Join(cfg.WorkDir, "fleet"),
+		KeepDir:          true,
+		Name:             "bench",
+		Replicas:         1,
+		NoKubelet:        true,
+		SubnetCIDR:       "10.16.0.0/12",
+		InstanceCPUs:     8,
+		InstanceMemoryGB: 128,
+		AttachDelay:      50 * time.Millisecond,
+		BCERate:          cfg.Profile.BudgetRate,
+		BCEBurst:         cfg.Profile.BudgetBurst,
+		IdleMin:          cfg.Profile.IdleMin,
+		IdleMax:          cfg.Profile.IdleMax,
+		ReplicaArgsFunc:  e.replicaArgs,
+		Kubelet:          func(c *kubeletsim.Config) { c.RegisterWorkers = 16 },
+		StartTimeout:     5 * time.Minute,
+		Logger:           e.log,
 	}); err != nil {
 		return nil, err
 	}

@@ -17,10 +17,12 @@ import (
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 )
 
-// A fixed-IP StatefulSet pod moves to a node of another replica and back.
-// The old node's owner frees the address, reached
-// through the router's forwarded move; the pod keeps its address, on the
-// ENI of the node it runs on, and no stranger on the node it left gets it.
+// A fixed-IP StatefulSet pod moves to a node of another replica and back,
+// then off its first node once that node is deleted. The old node's owner
+// (for a deleted node, the holder of its partition) frees the address,
+// reached through the router's forwarded move; the pod keeps its address,
+// on the ENI of the node it runs on, and no stranger on the node it left
+// gets it.
 func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {
 	e := startShards(t, fleet.Options{
 		Name:     "fixedmove",
@@ -137,6 +139,25 @@ func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {
 		})
 	}
 	e.checkIPs(ctx, results)
+
+	// Node A is deleted (a scale-down) after the pod left it: nobody serves
+	// A any more, but the address is still on A's ENI. The holder of A's
+	// partition frees it there, reached through the forwarded move, and the
+	// pod starts on B with its address.
+	remove(r1)
+	if err := e.Kube.CoreV1().Nodes().Delete(ctx, nodeA, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	place(nodeB)
+	ip, err = e.allocate(ctx, r0, pod)
+	if err != nil || ip != fixed {
+		t.Fatalf("on %s after %s was deleted got %q, %v; want the fixed %s", nodeB, nodeA, ip, err, fixed)
+	}
+	e.checkIPs(ctx, []result{{
+		pod:  pod,
+		node: nodeB,
+		ip:   ip,
+	}})
 	if moves := e.metric(r0, "cce_ipam_shard_forwarded_requests_total", okResult) +
 		e.metric(r1, "cce_ipam_shard_forwarded_requests_total", okResult); moves < 5 {
 		t.Errorf("%v forwarded calls, want the 3 ADDs, the DELs and the 2 moves", moves)

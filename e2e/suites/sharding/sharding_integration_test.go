@@ -97,7 +97,7 @@ func TestSharding(t *testing.T) {
 		if own.Owned[r.Index()] == 0 {
 			t.Errorf("the new replica %d serves no node of 12", r.Index())
 		}
-		st, err := suite.ShardStatus(ctx, r)
+		st, err := r.ShardStatus(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,15 +2,12 @@ package suite
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cce-ipam/sharded/e2e/fleet"
-	"github.com/cce-ipam/sharded/shard"
 )
 
 // Ownership is one scrape of every running replica's shard gauges.
@@ -98,7 +95,7 @@ func WaitSharded(ctx context.Context, t testing.TB, f *fleet.Fleet) Ownership {
 // converged asks a replica's /shard/status whether every live member holds
 // the partitions the ring gives it.
 func converged(ctx context.Context, r *fleet.Replica) error {
-	st, err := ShardStatus(ctx, r)
+	st, err := r.ShardStatus(ctx)
 	if err != nil {
 		return err
 	}
@@ -109,28 +106,4 @@ func converged(ctx context.Context, r *fleet.Replica) error {
 		}
 	}
 	return nil
-}
-
-// ShardStatus reads a replica's /shard/status.
-func ShardStatus(ctx context.Context, r *fleet.Replica) (shard.Status, error) {
-	var st shard.Status
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	url := strings.TrimSuffix(r.MetricsURL(), "/metrics") + "/shard/status"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return st, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return st, fmt.Errorf("replica %d status: %s", r.Index(), resp.Status)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return st, fmt.Errorf("replica %d status: %w", r.Index(), err)
-	}
-	return st, nil
 }

@@ -116,14 +116,22 @@ func (b *docBuilder) machineSection() report.Section {
 		Paragraphs: []string{
 			"Setup: etcd + kube-apiserver from `bin/` (no kube-controller-manager), bce-sim as a process with the " +
 				"upstream per-operation limits (ListENIs 1 QPS, burst 1; lifted only where a row says so), cce-ipam replicas as " +
-				"processes (`e2e/fleet`) running as the user the chart's wep fencing policy fences (the policy and its bindings " +
-				"installed: every wep write is checked by the API server), CNI calls made directly by the bench over gRPC. " +
+				"processes (`e2e/fleet`) " + b.policySetup() + ", CNI calls made directly by the bench over gRPC. " +
 				"Replica flags besides the fleet's: " +
 				fmt.Sprintf("`--bce-rate %g --bce-burst %d` (cluster-wide), warm pool %d..%d, `--batch-add-ip-num 10`, "+
 					"`--kube-api-qps 500 --kube-api-burst 1000` (the default 50 QPS would cap one replica at ~50 allocations/s), "+
 					"shard lease 6 s / renew deadline 4 s (defaults).", p.BudgetRate, p.BudgetBurst, p.IdleMin, p.IdleMax),
 		},
 	}
+}
+
+// policySetup says whether the wep fencing policy was on.
+func (b *docBuilder) policySetup() string {
+	if b.cfg.NoFencingPolicy {
+		return "running as the admin with **no** wep fencing policy installed (`--no-fencing-policy`)"
+	}
+	return "running as the user the chart's wep fencing policy fences (the policy and its bindings installed: " +
+		"every wep write is checked by the API server)"
 }
 
 // latencySection is item 1.

@@ -105,7 +105,7 @@ func startEnv(ctx context.Context, cfg Config) (_ *env, err error) {
 		}
 	}
 	e.log.Info("starting bce-sim and the first replica")
-	if e.f, err = fleet.New(ctx, fleet.Options{
+	opts := fleet.Options{
 		// A shared control plane: the fleet installs the chart's wep fencing
 		// policy for the pods' namespace (the replicas keep their Leases
 		// there) and runs the replicas as the user it fences, so every wep
@@ -130,7 +130,12 @@ func startEnv(ctx context.Context, cfg Config) (_ *env, err error) {
 		Kubelet:          func(c *kubeletsim.Config) { c.RegisterWorkers = 16 },
 		StartTimeout:     5 * time.Minute,
 		Logger:           e.log,
-	}); err != nil {
+	}
+	if cfg.NoFencingPolicy {
+		opts.SharedCluster, opts.LeaseNamespace = nil, ""
+		opts.Config, opts.Kubeconfig = e.cp.Config, e.cp.Kubeconfig
+	}
+	if e.f, err = fleet.New(ctx, opts); err != nil {
 		return nil, err
 	}
 	e.drv = newDriver(e.kube, e.cce, podNamespace)

@@ -139,7 +139,11 @@ type Config struct {
 	Items []string
 	// Command is the command line, quoted in the report.
 	Command string
-	Logger  *slog.Logger
+	// NoFencingPolicy runs the replicas as the admin on a control plane
+	// without the chart's wep fencing policy, to measure what the policy
+	// costs; by default it is installed, as in a cluster.
+	NoFencingPolicy bool
+	Logger          *slog.Logger
 }
 
 // Items a run can be limited to; runAll names each step's item.

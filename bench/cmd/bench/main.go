@@ -35,6 +35,8 @@ func main() {
 	scales := flag.String("scales", "",
 		"comma-separated node counts for items 3, 4 and 6, overriding the profile's (pods per node stay the profile's)")
 	coldRepeats := flag.Int("cold-repeats", 0, "cold starts per size and replica count, overriding the profile's (0: the profile's)")
+	noPolicy := flag.Bool("no-fencing-policy", false,
+		"run without the chart's wep fencing policy (replicas as the admin), to measure what the policy costs")
 	flag.Parse()
 	var only []string
 	if *items != "" {
@@ -69,7 +71,7 @@ func main() {
 		p.ColdRepeats = *coldRepeats
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	if err := run(p, only, *binDir, *out, *workDir, log); err != nil {
+	if err := run(p, only, *binDir, *out, *workDir, *noPolicy, log); err != nil {
 		log.Error("bench failed", "err", err)
 		if errors.Is(err, bench.ErrInvariant) {
 			os.Exit(3)
@@ -78,7 +80,7 @@ func main() {
 	}
 }
 
-func run(p bench.Profile, only []string, binDir, out, workDir string, log *slog.Logger) error {
+func run(p bench.Profile, only []string, binDir, out, workDir string, noPolicy bool, log *slog.Logger) error {
 	root, err := os.Getwd()
 	if err != nil {
 		return err
@@ -110,8 +112,18 @@ func run(p bench.Profile, only []string, binDir, out, workDir string, log *slog.
 		}
 	}
 	log.Info("bench", "profile", p.Name, "out", out, "logs", workDir)
-	err = bench.Run(ctx, bench.Config{Profile: p, BinDir: binDir, RepoRoot: root, WorkDir: workDir,
-		OutDir: out, ReportName: name, Items: only, Command: cmd, Logger: log})
+	err = bench.Run(ctx, bench.Config{
+		Profile:         p,
+		BinDir:          binDir,
+		RepoRoot:        root,
+		WorkDir:         workDir,
+		OutDir:          out,
+		ReportName:      name,
+		Items:           only,
+		Command:         cmd,
+		NoFencingPolicy: noPolicy,
+		Logger:          log,
+	})
 	log.Info("report written", "file", filepath.Join(out, name), "logs", workDir)
 	return err
 }

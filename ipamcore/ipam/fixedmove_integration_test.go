@@ -64,21 +64,8 @@ func (e *env) releaseVia(c rpc.CNIBackendClient, p podRef) (*rpc.ReleaseIPReply,
 // recorded, hand it back to the pod when it returns (an address on another
 // node's ENI), and later to a stranger.
 func TestIPAM_FixedIPMovesAcrossReplicas(t *testing.T) {
-	e := newEnv(t, "fxmove", 2, testConfig(func(c *ipam.Config) {
-		c.IdleMin = 1
-		c.IdleMax = 6
-		c.PoolCheckPeriod = 200 * time.Millisecond
-		c.ENISyncPeriod = 500 * time.Millisecond
-	}))
-	e.stop() // two replicas, one node each
+	e, a, b := twoReplicas(t, "fxmove", 500*time.Millisecond)
 	nodeA, nodeB := e.nodes[0], e.nodes[1]
-	a, b := runMovers(t, e)
-	if err := a.ServeNode(e.ctx, nodeA); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.ServeNode(e.ctx, nodeB); err != nil {
-		t.Fatal(err)
-	}
 	ca, cb := serveCNI(t, a), serveCNI(t, b)
 
 	sts := e.createStatefulSet("mv", 1)
@@ -143,6 +130,30 @@ func TestIPAM_FixedIPMovesAcrossReplicas(t *testing.T) {
 			t.Errorf("node %s: cloud has %d IPs, its owner's datastore %d", node, got, st.Total)
 		}
 	}
+}
+
+// twoReplicas is an env of two nodes served by two IPAMs, node 0 by a and
+// node 1 by b, each moving fixed IPs through the other (runMovers). A zero
+// sync keeps the config's ENI sync period.
+func twoReplicas(t *testing.T, prefix string, sync time.Duration) (*env, *ipam.IPAM, *ipam.IPAM) {
+	t.Helper()
+	e := newEnv(t, prefix, 2, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 6
+		c.PoolCheckPeriod = 200 * time.Millisecond
+		if sync > 0 {
+			c.ENISyncPeriod = sync
+		}
+	}))
+	e.stop() // the env's own IPAM: the two replicas replace it
+	a, b := runMovers(t, e)
+	if err := a.ServeNode(e.ctx, e.nodes[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ServeNode(e.ctx, e.nodes[1]); err != nil {
+		t.Fatal(err)
+	}
+	return e, a, b
 }
 
 // runMovers runs two IPAMs of the env's config, as two replicas would; each
@@ -233,20 +244,8 @@ func TestIPAM_FixedIPSurvivesATransientReAddFailure(t *testing.T) {
 // old node's partition must free it there, or the pod could never start
 // again (every ADD would fail asking a replica that does not serve the node).
 func TestIPAM_FixedIPMovesOffADeletedNode(t *testing.T) {
-	e := newEnv(t, "fxgone", 2, testConfig(func(c *ipam.Config) {
-		c.IdleMin = 1
-		c.IdleMax = 6
-		c.PoolCheckPeriod = 200 * time.Millisecond
-	}))
-	e.stop()
+	e, a, b := twoReplicas(t, "fxgone", 0)
 	nodeA, nodeB := e.nodes[0], e.nodes[1]
-	a, b := runMovers(t, e)
-	if err := a.ServeNode(e.ctx, nodeA); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.ServeNode(e.ctx, nodeB); err != nil {
-		t.Fatal(err)
-	}
 	ca, cb := serveCNI(t, a), serveCNI(t, b)
 
 	sts := e.createStatefulSet("gone", 1)

@@ -57,19 +57,8 @@ func (f *Forwarder) FreeMovedIP(ctx context.Context, node, namespace, name strin
 		ref:    ref,
 		remote: func(ctx context.Context, c rpc.CNIBackendClient) (podip.Endpoint, bool, error) {
 			ctx = metadata.AppendToOutgoingContext(ctx, headerMove, "1")
-			var trailer metadata.MD
-			reply, err := c.ReleaseIP(ctx, &rpc.ReleaseIPRequest{
-				K8SPodName:             ref.Name,
-				K8SPodNamespace:        ref.Namespace,
-				K8SPodInfraContainerID: ref.ContainerID,
-				K8SNodeName:            node,
-				IPType:                 rpc.IPType_BCCMultiENIMultiIPType,
-			}, grpc.Trailer(&trailer))
-			if err != nil {
+			if _, err := sendRelease(ctx, c, ref); err != nil {
 				return podip.Endpoint{}, false, err
-			}
-			if !reply.GetIsSuccess() {
-				return podip.Endpoint{}, false, cni.RefusalError(trailer, reply.GetErrMsg())
 			}
 			return podip.Endpoint{}, true, nil
 		},

@@ -118,25 +118,35 @@ func (r *Router) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint,
 	}
 	return r.route(ctx, methodRelease, node, ref, local,
 		func(ctx context.Context, c rpc.CNIBackendClient) (podip.Endpoint, bool, error) {
-			var trailer metadata.MD
-			reply, err := c.ReleaseIP(ctx, &rpc.ReleaseIPRequest{
-				K8SPodName:             ref.Name,
-				K8SPodNamespace:        ref.Namespace,
-				K8SPodInfraContainerID: ref.ContainerID,
-				K8SNodeName:            ref.Node,
-				IPType:                 rpc.IPType_BCCMultiENIMultiIPType,
-			}, grpc.Trailer(&trailer))
+			reply, err := sendRelease(ctx, c, ref)
 			if err != nil {
 				return podip.Endpoint{}, false, err
-			}
-			if !reply.GetIsSuccess() {
-				return podip.Endpoint{}, false, cni.RefusalError(trailer, reply.GetErrMsg())
 			}
 			if reply.GetENIMultiIP() == nil {
 				return podip.Endpoint{}, false, nil
 			}
 			return fromWire(reply.GetENIMultiIP()), true, nil
 		})
+}
+
+// sendRelease sends a ReleaseIP for ref (a DEL or, with headerMove in ctx, a
+// fixed-IP move) to the owner; a refusal comes back as its error.
+func sendRelease(ctx context.Context, c rpc.CNIBackendClient, ref podip.PodRef) (*rpc.ReleaseIPReply, error) {
+	var trailer metadata.MD
+	reply, err := c.ReleaseIP(ctx, &rpc.ReleaseIPRequest{
+		K8SPodName:             ref.Name,
+		K8SPodNamespace:        ref.Namespace,
+		K8SPodInfraContainerID: ref.ContainerID,
+		K8SNodeName:            ref.Node,
+		IPType:                 rpc.IPType_BCCMultiENIMultiIPType,
+	}, grpc.Trailer(&trailer))
+	if err != nil {
+		return nil, err
+	}
+	if !reply.GetIsSuccess() {
+		return nil, cni.RefusalError(trailer, reply.GetErrMsg())
+	}
+	return reply, nil
 }
 
 // Check implements podip.Backend: the wep is the record, any replica can

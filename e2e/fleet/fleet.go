@@ -301,15 +301,7 @@ func (f *Fleet) startExternal(ctx context.Context, e *External) error {
 	if f.CCE, err = cceclient.NewForConfig(f.Config); err != nil {
 		return err
 	}
-	bceCfg := cloud.DefaultConfig()
-	bceCfg.OpLimits = nil // no per-operation limits: only the rate above
-	bceCfg.Endpoint = f.simURL
-	bceCfg.Region = Region
-	bceCfg.AccessKeyID = AccessKey
-	bceCfg.SecretAccessKey = SecretKey
-	bceCfg.Rate = 1000
-	bceCfg.Burst = 1000
-	if f.Cloud, err = cloud.New(bceCfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry()); err != nil {
+	if f.Cloud, err = f.simClient(); err != nil {
 		return err
 	}
 	if o.NoKubelet {

@@ -4,9 +4,11 @@
 // Gossip (hashicorp/memberlist, LAN profile) does discovery, fast failure
 // detection and the address book: each member advertises a small versioned
 // Meta (gRPC address, version, start time, a leaving flag). A replica joins
-// the seeds and the headless Service's DNS name, and keeps joining every
-// address that is not yet a live member, so a cold start cannot leave
-// islands. Member names are the pod name plus a random suffix, unique per
+// the seeds, the headless Service's DNS name and the addresses of a seed
+// source (SetSeedSource: the gossip addresses the replicas publish in their
+// shard Leases, so that a cold start needs no DNS: CoreDNS's pods may be
+// waiting for IPs from us), and keeps joining every address that is not yet
+// a live member, so a cold start cannot leave islands. Member names are the pod name plus a random suffix, unique per
 // process. Gossip is encrypted when a key file is given.
 //
 //	cfg := membership.Config{NamePrefix: pod, JoinDNS: "cce-ipam-gossip.kube-system.svc",

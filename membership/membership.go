@@ -40,7 +40,8 @@ type Membership struct {
 	meta    atomic.Pointer[[]byte] // encoded local meta, read by memberlist goroutines
 	started chan struct{}          // closed once the listener is up
 	running atomic.Bool
-	abandon atomic.Bool // tests: end Run without Leave, like a crash
+	abandon atomic.Bool                     // tests: end Run without Leave, like a crash
+	seeds   atomic.Pointer[func() []string] // SetSeedSource
 	events  chan Event
 	queue   eventQueue
 
@@ -306,6 +307,14 @@ func (m *Membership) joinMissing(ctx context.Context, ml *memberlist.Memberlist)
 	}
 }
 
+// SetSeedSource adds a source of join addresses (host:port), asked on every
+// join attempt besides the seeds and the DNS name: the replicas' Leases, so
+// that a cold start forms one ring when DNS answers nothing (CoreDNS's own
+// pods may be waiting for IPs from us). Safe to call while Run runs.
+func (m *Membership) SetSeedSource(f func() []string) {
+	m.seeds.Store(&f)
+}
+
 // joinTargets resolves the seeds and the DNS name into ip:port strings in
 // memberlist's Address() form. A name that does not resolve counts as a
 // failed join attempt.
@@ -351,6 +360,11 @@ func (m *Membership) joinTargets(ctx context.Context) []string {
 	}
 	if m.cfg.JoinDNS != "" {
 		add(m.cfg.JoinDNS)
+	}
+	if f := m.seeds.Load(); f != nil && *f != nil {
+		for _, s := range (*f)() {
+			add(s)
+		}
 	}
 	return out
 }

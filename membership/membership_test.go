@@ -134,35 +134,66 @@ func TestMembership_GracefulLeave(t *testing.T) {
 // never wait for the consumer, and the consumer gets every change, in order,
 // numbered without gaps, once it reads.
 func TestMembership_EventsInOrderWhileConsumerStalls(t *testing.T) {
-	a := start(t, fastConfig("ipam-a"), false) // nobody reads a's events yet
-	b := start(t, fastConfig("ipam-b", a.m.LocalAddr()), true)
-	c := start(t, fastConfig("ipam-c", a.m.LocalAddr()), true)
-	d := start(t, fastConfig("ipam-d", a.m.LocalAddr()), true)
-	e := start(t, fastConfig("ipam-e", a.m.LocalAddr()), true)
+	// Probes slower than fastConfig's: with a 50 ms probe timeout a loaded
+	// machine declares live members dead and they rejoin, which is correct
+	// memberlist behaviour but not what this test is about.
+	cfg := func(name string, seeds ...string) Config {
+		c := fastConfig(name, seeds...)
+		c.ProbeInterval = 300 * time.Millisecond
+		c.ProbeTimeout = 250 * time.Millisecond
+		c.SuspicionMult = 3
+		return c
+	}
+	a := start(t, cfg("ipam-a"), false) // nobody reads a's events yet
+	b := start(t, cfg("ipam-b", a.m.LocalAddr()), true)
+	c := start(t, cfg("ipam-c", a.m.LocalAddr()), true)
+	d := start(t, cfg("ipam-d", a.m.LocalAddr()), true)
+	e := start(t, cfg("ipam-e", a.m.LocalAddr()), true)
 	eventually(t, 10*time.Second, "a sees 5 while its consumer stalls", func() bool { return a.sees(a, b, c, d, e) })
 	names := map[string]string{a.m.Name(): "a", b.m.Name(): "b", c.m.Name(): "c", d.m.Name(): "d", e.m.Name(): "e"}
 	c.stop()
+	eventually(t, 10*time.Second, "a drops c while its consumer stalls", func() bool { return a.sees(a, b, d, e) })
 	d.crash()
-	eventually(t, 10*time.Second, "a drops c and d while its consumer stalls", func() bool { return a.sees(a, b, e) })
-	// 8 changes: 5 joins, c's update and leave, d's failure; the dispatcher
-	// holds one of them, waiting for the consumer.
-	if q := counter(a.m.metrics.queue); q < 7 {
-		t.Fatalf("event queue length %v while the consumer stalls, want ≥ 7", q)
+	eventually(t, 10*time.Second, "a drops d while its consumer stalls", func() bool { return a.sees(a, b, e) })
+	// At least 7 changes: 5 joins, c's leave (after its "leaving" update
+	// unless the leave overtook it), d's failure; the dispatcher holds one of
+	// them, waiting for the consumer.
+	if q := counter(a.m.metrics.queue); q < 6 {
+		t.Fatalf("event queue length %v while the consumer stalls, want ≥ 6", q)
 	}
 	e.stop()
 	eventually(t, 5*time.Second, "a drops e", func() bool { return a.sees(a, b) })
 
 	a.consume()
 	var evs []Event
-	eventually(t, 5*time.Second, "a's consumer drains the queue", func() bool {
+	// a already dropped e, so e's leave is queued; whether a also saw e's
+	// "leaving" update first depends on which gossip arrived first (a
+	// loaded CI machine delivered the leave alone), so wait for the leave,
+	// not for a count of events.
+	drained := func() bool {
 		evs = a.Events()
-		return counter(a.m.metrics.queue) == 0 && len(evs) >= 10 // + e's update and leave
-	})
+		last, ok := lastEventOf(evs, e.m.Name())
+		return counter(a.m.metrics.queue) == 0 && ok && last.Type == EventLeave
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !drained() && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !drained() {
+		t.Fatalf("a's consumer did not drain the queue within 10s: queue %v, %d events %v",
+			counter(a.m.metrics.queue), len(evs), evs)
+	}
+	if len(evs) < 8 { // 5 joins, c's leave, d's failure, e's leave at the least
+		t.Fatalf("%d events after the drain, want ≥ 8: %v", len(evs), evs)
+	}
 	if evs[0].Type != EventJoin || evs[0].Member.Name != a.m.Name() {
 		t.Errorf("first event %+v, want a's own join", evs[0])
 	}
 	// Seq counts without gaps; per member, the changes follow the member's
-	// life: join, updates, leave (names are unique, so nothing after).
+	// life: join, updates, leave. Names are unique, so nothing follows a
+	// graceful leave; a member wrongly declared failed may refute and join
+	// again, which memberlist allows.
+	failed := map[string]bool{}
 	state := map[string]EventType{}
 	var trace []string
 	for i, ev := range evs {
@@ -172,12 +203,13 @@ func TestMembership_EventsInOrderWhileConsumerStalls(t *testing.T) {
 		}
 		prev, seen := state[ev.Member.Name]
 		switch {
-		case ev.Type == EventJoin && seen:
+		case ev.Type == EventJoin && seen && (prev != EventLeave || !failed[ev.Member.Name]):
 			t.Errorf("second join of %s: %v", names[ev.Member.Name], trace)
 		case ev.Type != EventJoin && (!seen || prev == EventLeave):
 			t.Errorf("%s of %s outside its membership: %v", ev.Type, names[ev.Member.Name], trace)
 		}
 		state[ev.Member.Name] = ev.Type
+		failed[ev.Member.Name] = ev.Failed
 	}
 	for n, want := range map[*testNode]EventType{
 		b: EventJoin,
@@ -192,9 +224,9 @@ func TestMembership_EventsInOrderWhileConsumerStalls(t *testing.T) {
 	if ev, _ := lastEventOf(evs, d.m.Name()); !ev.Failed {
 		t.Errorf("crash of d not marked failed: %v", trace)
 	}
-	if ev, _ := lastEventOf(evs, c.m.Name()); ev.Failed {
-		t.Errorf("graceful leave of c marked failed: %v", trace)
-	}
+	// Whether c's leave is marked graceful is TestMembership_GracefulLeave's
+	// business: on a loaded machine a leave broadcast can be lost, and c is
+	// then declared failed by probes, which changes nothing here.
 }
 
 func TestMembership_WrongGossipKeyCannotJoin(t *testing.T) {

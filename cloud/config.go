@@ -37,6 +37,19 @@ type Config struct {
 	// CredentialsDir holds the files access-key-id and secret-access-key (a
 	// mounted Secret).
 	CredentialsDir string
+	// With neither AK/SK nor CredentialsDir the client authenticates through
+	// the CCE gateway (gateway.go), as the reference does inside CCE:
+	// GatewayEndpoint is its host or host:port (empty:
+	// cce-gateway.<Region>.baidubce.com:80; the command fills it from
+	// CCE_GATEWAY_ENDPOINT); the token is read from the Secret
+	// GatewayTokenSecret ("namespace/name", empty: not tried, needs
+	// WithSecretGetter), else from the files token and expiredAt in
+	// GatewayTokenDir (empty: not tried). ClusterID is sent in cce-cluster
+	// (the command copies --cluster-id).
+	GatewayEndpoint    string
+	GatewayTokenSecret string
+	GatewayTokenDir    string
+	ClusterID          string
 	// Rate and Burst size the client-side token bucket shared by every call.
 	// The flags default to 10/s and 5, the upstream's. Change at run time
 	// with SetRate.
@@ -151,6 +164,13 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.SecretAccessKey, "bce-secret-access-key", "", "BCE secret access key (prefer --bce-credentials-dir)")
 	fs.StringVar(&c.CredentialsDir, "bce-credentials-dir", "",
 		"directory with files access-key-id and secret-access-key (a mounted Secret)")
+	fs.StringVar(&c.GatewayEndpoint, "cce-gateway-endpoint", "",
+		"CCE gateway host or host:port, used when no AK/SK or credentials directory is given; "+
+			"default $CCE_GATEWAY_ENDPOINT, else cce-gateway.<region>.baidubce.com:80")
+	fs.StringVar(&c.GatewayTokenSecret, "cce-gateway-token-secret", DefaultGatewayTokenSecret,
+		"Secret namespace/name with keys token and expiredAt for the CCE gateway (tried first; empty: not used)")
+	fs.StringVar(&c.GatewayTokenDir, "cce-gateway-token-dir", DefaultGatewayTokenDir,
+		"directory with files token and expiredAt for the CCE gateway (tried when the Secret cannot be read; empty: not used)")
 	fs.Float64Var(&c.Rate, "bce-rate", 10, "client-side BCE API calls per second")
 	fs.Int64Var(&c.Burst, "bce-burst", 5, "client-side BCE API burst")
 	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", 3,
@@ -206,13 +226,34 @@ func (c Config) Validate() error {
 	if (d.AccessKeyID == "") != (d.SecretAccessKey == "") {
 		errs = append(errs, errors.New("give both access key ID and secret access key, or neither"))
 	}
-	if d.AccessKeyID == "" && d.CredentialsDir == "" {
-		errs = append(errs, errors.New("no credentials: set the access key flags or a credentials directory"))
+	if d.UsesGateway() {
+		if d.ClusterID == "" {
+			errs = append(errs, errors.New("no AK/SK or credentials directory given, so the CCE gateway is used, "+
+				"and it needs the cluster ID"))
+		}
+		if d.GatewayTokenSecret == "" && d.GatewayTokenDir == "" {
+			errs = append(errs, errors.New("CCE gateway: no token source (give a token Secret or a token directory)"))
+		}
+		if d.GatewayTokenSecret != "" {
+			if ns, name, ok := strings.Cut(d.GatewayTokenSecret, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+				errs = append(errs, fmt.Errorf("CCE gateway token Secret %q: want namespace/name", d.GatewayTokenSecret))
+			}
+		}
+		if _, err := gatewayHostPort(d.GatewayEndpoint, d.Region); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if strings.ContainsAny(d.Endpoint, " \t\n") {
 		errs = append(errs, fmt.Errorf("endpoint %q contains whitespace", d.Endpoint))
 	}
 	return errors.Join(errs...)
+}
+
+// UsesGateway reports whether the client authenticates through the CCE
+// gateway: no AK/SK and no credentials directory were given (the
+// reference's rule).
+func (c Config) UsesGateway() bool {
+	return c.AccessKeyID == "" && c.SecretAccessKey == "" && c.CredentialsDir == ""
 }
 
 // credentials returns the AK/SK from the config or the credentials
@@ -247,6 +288,7 @@ func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("endpoint", c.endpoint()), slog.String("region", c.Region),
 		slog.Bool("accessKeySet", c.AccessKeyID != ""), slog.String("credentialsDir", c.CredentialsDir),
+		slog.Bool("cceGateway", c.UsesGateway()),
 		slog.Float64("rate", c.Rate), slog.Int64("burst", c.Burst), slog.Int("pageSize", c.PageSize))
 }
 

@@ -352,3 +352,60 @@ func TestConformance_ListENIsKeepsOnlyTheGivenInstances(t *testing.T) {
 		t.Fatalf("nil Instances filters nothing: %d ENIs, %v", len(all), err)
 	}
 }
+
+// Enterprise security groups travel through the SDK to BCE and back; a
+// request with both kinds or neither is refused before it is sent.
+func TestConformance_CreateENI_EnterpriseSecurityGroups(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := context.Background()
+	id, err := e.client.CreateENI(ctx, cloud.CreateENIRequest{Name: "c/i/n/esg001", SubnetID: e.subnet,
+		EnterpriseSecurityGroupIDs: []string{"esg-abc"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.client.GetENI(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.EnterpriseSecurityGroupIDs, []string{"esg-abc"}) || len(got.SecurityGroupIDs) != 0 {
+		t.Fatalf("ENI groups: enterprise %v, ordinary %v", got.EnterpriseSecurityGroupIDs, got.SecurityGroupIDs)
+	}
+	for name, req := range map[string]cloud.CreateENIRequest{
+		"both":    {Name: "c/i/n/both01", SubnetID: e.subnet, SecurityGroupIDs: []string{e.sg}, EnterpriseSecurityGroupIDs: []string{"esg-abc"}},
+		"neither": {Name: "c/i/n/none01", SubnetID: e.subnet},
+	} {
+		if _, err := e.client.CreateENI(ctx, req); !errors.Is(err, cloud.ErrInvalidRequest) {
+			t.Errorf("%s: %v, want an invalid-request error", name, err)
+		}
+	}
+}
+
+// bce-sim's attach delay can be changed at run time: an ENI attached after
+// the change reads attaching until the new delay has passed.
+func TestConformance_SetAttachDelay(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := context.Background()
+	if err := e.srv.SetAttachDelay(50 * time.Second); err == nil {
+		t.Fatal("a 50 s delay was accepted: the upstream polls for 50 s at most")
+	}
+	if err := e.srv.SetAttachDelay(3 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	id := createENI(t, e, "c/i/n/delay1", e.subnet)
+	attach(t, e, id, e.i128g)
+	var elapsed time.Duration
+	for _, step := range []struct {
+		after time.Duration
+		want  cloud.ENIStatus
+	}{{0, cloud.ENIStatusAttaching}, {2 * time.Second, cloud.ENIStatusAttaching}, {time.Second, cloud.ENIStatusInUse}} {
+		elapsed += step.after
+		e.clock.Step(step.after)
+		got, err := e.client.GetENI(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status != step.want {
+			t.Fatalf("%s after the attach: %s, want %s", elapsed, got.Status, step.want)
+		}
+	}
+}

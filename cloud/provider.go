@@ -15,7 +15,9 @@ import (
 // Mutating methods send a fresh clientToken per call, so the SDK's automatic
 // retry of a 5xx cannot apply the same change twice.
 type Provider interface {
-	// ListENIs returns every ENI matching opts, following all pages.
+	// ListENIs returns every ENI matching opts, following all pages. ERIs
+	// and RoCE interfaces (traffic mode other than standard) are left out:
+	// they are never pod ENIs.
 	ListENIs(ctx context.Context, opts ListENIsOptions) ([]ENI, error)
 	// GetENI returns one ENI; ErrENINotFound if it does not exist.
 	GetENI(ctx context.Context, eniID string) (*ENI, error)
@@ -76,7 +78,10 @@ type ENI struct {
 	Status           ENIStatus
 	PrivateIPs       []PrivateIP
 	SecurityGroupIDs []string
-	CreatedTime      time.Time // zero if BCE sent none or an unparsable one
+	// EnterpriseSecurityGroupIDs: set instead of SecurityGroupIDs on an
+	// ENI created with enterprise security groups.
+	EnterpriseSecurityGroupIDs []string
+	CreatedTime                time.Time // zero if BCE sent none or an unparsable one
 }
 
 // PrivateIP is one address on an ENI.
@@ -116,11 +121,14 @@ type ListENIsOptions struct {
 // CreateENIRequest describes a new ENI. The primary address is auto-assigned
 // unless PrimaryIP is set.
 type CreateENIRequest struct {
-	Name             string
-	SubnetID         string
-	SecurityGroupIDs []string
-	Description      string
-	PrimaryIP        string
+	Name     string
+	SubnetID string
+	// SecurityGroupIDs and EnterpriseSecurityGroupIDs: exactly one of the
+	// two is set (BCE refuses both and neither).
+	SecurityGroupIDs           []string
+	EnterpriseSecurityGroupIDs []string
+	Description                string
+	PrimaryIP                  string
 }
 
 // BatchAddRequest asks for Count auto-assigned addresses or for the explicit

@@ -55,10 +55,27 @@ func newSDKConfig(cfg Config, ak, sk string) (*bce.BceClientConfiguration, error
 	}, nil
 }
 
-func (c *Client) newSDKSet(ctx context.Context) *sdkSet {
+func (c *Client) newSDKSet(ctx context.Context, signer auth.Signer) *sdkSet {
 	rt := &ctxTransport{base: c.transport, ctx: ctx}
-	bc := &bce.BceClient{Config: c.sdkConfig, Signer: &auth.BceV1Signer{}, HTTPClient: &http.Client{Transport: rt}}
+	bc := &bce.BceClient{Config: c.sdkConfig, Signer: signer, HTTPClient: &http.Client{Transport: rt}}
 	return &sdkSet{eni: &eni.Client{BceClient: bc}, vpc: &vpc.Client{BceClient: bc}, bcc: &bcc.Client{BceClient: bc}, rt: rt}
+}
+
+// signer is the attempt's signer: bce-auth-v1, or the CCE gateway's with
+// the current token (tok, to redact). A token that cannot be had fails the
+// attempt with ClassAuth, which is not retried.
+func (c *Client) signer(ctx context.Context, op, resource string) (_ auth.Signer, tok string, _ *Error) {
+	if c.tokens == nil {
+		return &auth.BceV1Signer{}, "", nil
+	}
+	t, err := c.tokens.token(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, "", &Error{Op: op, Resource: resource, Class: ClassCanceled, Message: ctx.Err().Error(), cause: ctx.Err()}
+		}
+		return nil, "", &Error{Op: op, Resource: resource, Class: ClassAuth, Message: "CCE gateway credentials: " + err.Error()}
+	}
+	return gatewaySigner{gateway: c.gateway, clusterID: c.cfg.ClusterID, token: t.Token}, t.Token, nil
 }
 
 // ctxTransport makes every attempt of one call end when the caller's context
@@ -112,7 +129,9 @@ func newClientToken() string {
 func fromSDKENI(e *eni.Eni) ENI {
 	out := ENI{ID: e.EniId, Name: e.Name, Description: e.Description, ZoneName: e.ZoneName, InstanceID: e.InstanceId,
 		MACAddress: e.MacAddress, VPCID: e.VpcId, SubnetID: e.SubnetId, Status: ENIStatus(e.Status),
-		SecurityGroupIDs: append([]string(nil), e.SecurityGroupIds...), PrivateIPs: make([]PrivateIP, 0, len(e.PrivateIpSet))}
+		SecurityGroupIDs:           append([]string(nil), e.SecurityGroupIds...),
+		EnterpriseSecurityGroupIDs: append([]string(nil), e.EnterpriseSecurityGroupIds...),
+		PrivateIPs:                 make([]PrivateIP, 0, len(e.PrivateIpSet))}
 	if t, err := time.Parse(time.RFC3339, e.CreatedTime); err == nil {
 		out.CreatedTime = t
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"time"
 )
 
 // The admin API is plain JSON without authentication: it is for the local
@@ -19,6 +20,7 @@ import (
 //	POST /admin/instances        InstanceSpec      -> {"id":...}
 //	POST /admin/securitygroups   SecurityGroupSpec -> {"id":...}
 //	GET  /admin/stats            Stats
+//	GET  /admin/gateway          GatewayStats
 //	GET|PUT /admin/faults        Faults
 //	GET|PUT /admin/ratelimits    map[Op]RateLimit (PUT merges; qps 0 removes a limit)
 
@@ -125,6 +127,8 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		adminCreate(a, s.AddSecurityGroup)
 	case "GET /admin/stats":
 		a.ok(s.Stats())
+	case "GET /admin/gateway":
+		a.ok(s.GatewayStats())
 	case "GET /admin/faults":
 		a.ok(s.Faults())
 	case "PUT /admin/faults":
@@ -205,4 +209,17 @@ func adminSet[T any](a *adminCall, set func(T) error, current func() any) {
 		return
 	}
 	a.ok(current())
+}
+
+// SetAttachDelay changes how long an ENI attached from now on stays
+// "attaching" (WorldConfig.AttachDelay's bounds apply), so one test or bench
+// run can compare attach latencies against one world.
+func (s *Server) SetAttachDelay(d time.Duration) error {
+	if d < 0 || d >= 50*time.Second {
+		return fmt.Errorf("attach delay %s: must be in [0,50s)", d)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.world.cfg.AttachDelay = d
+	return nil
 }

@@ -19,9 +19,13 @@ import (
 
 // Config configures a Server. Zero values get the documented defaults.
 type Config struct {
-	// Credentials maps access key IDs to secret keys. Required: every request
-	// must carry a valid bce-auth-v1 signature by one of them.
+	// Credentials maps access key IDs to secret keys: a request signed
+	// bce-auth-v1 must be signed by one of them. Required unless the gateway
+	// mode is on.
 	Credentials map[string]string
+	// Gateway turns on the CCE gateway mode alongside (gateway.go): requests
+	// carrying a cce-token are checked against Gateway.Tokens instead.
+	Gateway GatewayConfig
 	// PageSize caps list pages below the client's maxKeys so pagination is
 	// exercised. Defaults to 1000; must be in [1,1000].
 	PageSize int
@@ -52,7 +56,9 @@ type Server struct {
 	limits *limiter
 	faults *faultState
 	counts *counters
-	reqSeq atomic.Uint64
+	// gateway checks and records CCE gateway requests.
+	gateway *gatewayState
+	reqSeq  atomic.Uint64
 
 	httpSrv *http.Server
 	ln      net.Listener
@@ -67,8 +73,13 @@ type Server struct {
 
 // New validates cfg and returns a Server that has not started listening.
 func New(cfg Config) (*Server, error) {
-	if len(cfg.Credentials) == 0 {
-		return nil, errors.New("bcesim: at least one access key is required")
+	if len(cfg.Credentials) == 0 && len(cfg.Gateway.Tokens) == 0 {
+		return nil, errors.New("bcesim: at least one access key or gateway token is required")
+	}
+	for _, t := range cfg.Gateway.Tokens {
+		if t == "" || strings.ContainsAny(t, " \t\r\n") {
+			return nil, errors.New("bcesim: gateway tokens must be non-empty, without whitespace")
+		}
 	}
 	for ak, sk := range cfg.Credentials {
 		if ak == "" || sk == "" || strings.Contains(ak, "/") {
@@ -99,6 +110,7 @@ func New(cfg Config) (*Server, error) {
 	return &Server{
 		cfg: cfg, log: cfg.Logger, world: NewWorld(cfg.World), idem: newIdemCache(cfg.IdempotencyEntries),
 		limits: newLimiter(cfg.RateLimits), faults: newFaultState(cfg.World.Seed), counts: newCounters(),
+		gateway: newGatewayState(cfg.Gateway),
 	}, nil
 }
 
@@ -221,7 +233,8 @@ func (s *Server) handle(r *http.Request) (*call, int, *APIError) {
 	if aerr != nil {
 		return nil, 0, aerr
 	}
-	if aerr := verifySignature(r, func(ak string) (string, bool) { sk, ok := s.cfg.Credentials[ak]; return sk, ok }); aerr != nil {
+	principal, aerr := s.authenticate(r)
+	if aerr != nil {
 		return c, 0, aerr
 	}
 	now := s.cfg.Now()
@@ -258,7 +271,7 @@ func (s *Server) handle(r *http.Request) (*call, int, *APIError) {
 	if aerr := decode(c, q, body); aerr != nil {
 		return c, 0, aerr
 	}
-	status, resp, aerr := s.apply(c, r, q.Get("clientToken"))
+	status, resp, aerr := s.apply(c, r.URL.Path, principal, q.Get("clientToken"))
 	if aerr != nil {
 		return c, 0, aerr
 	}
@@ -269,16 +282,27 @@ func (s *Server) handle(r *http.Request) (*call, int, *APIError) {
 	return c, status, nil
 }
 
+// authenticate checks a request's credentials: the CCE gateway's token
+// headers, or a bce-auth-v1 signature. It returns who made it (the access
+// key, or the gateway's cluster), which scopes clientTokens.
+func (s *Server) authenticate(r *http.Request) (string, *APIError) {
+	if s.gateway.isGatewayRequest(r) {
+		return s.gateway.verify(r)
+	}
+	var ak string
+	aerr := verifySignature(r, func(id string) (string, bool) { sk, ok := s.cfg.Credentials[id]; ak = id; return sk, ok })
+	return ak, aerr
+}
+
 // apply runs the call against the world under the lock. A mutation with a
 // clientToken seen before returns the remembered response unchanged.
-func (s *Server) apply(c *call, r *http.Request, token string) (int, any, *APIError) {
+func (s *Server) apply(c *call, path, principal, token string) (int, any, *APIError) {
 	lag := s.faults.lag()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var key string
 	if token != "" && c.op.Mutating() {
-		ak := strings.SplitN(r.Header.Get("Authorization"), "/", 3)[1]
-		key = ak + "|" + string(c.op) + "|" + r.URL.Path + "|" + token
+		key = principal + "|" + string(c.op) + "|" + path + "|" + token
 		if cached, ok := s.idem.get(key); ok {
 			return cached.status, cached.body, nil
 		}

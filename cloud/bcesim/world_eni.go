@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -186,8 +187,17 @@ func (w *World) CreateENI(now time.Time, in CreateENIInput) (string, error) {
 	if sn == nil {
 		return "", errNoSuchObject("subnet", in.SubnetID)
 	}
+	// BCE takes exactly one kind of security group per ENI.
 	if len(in.SecurityGroupIDs) == 0 && len(in.EnterpriseSecurityGroupIDs) == 0 {
 		return "", errBadParam("an eni needs at least one security group")
+	}
+	if len(in.SecurityGroupIDs) > 0 && len(in.EnterpriseSecurityGroupIDs) > 0 {
+		return "", errBadParam("securityGroupIds and enterpriseSecurityGroupIds cannot both be set")
+	}
+	for _, g := range in.EnterpriseSecurityGroupIDs {
+		if !strings.HasPrefix(g, "esg-") || len(g) <= len("esg-") {
+			return "", errNoSuchObject("enterprise security group", g)
+		}
 	}
 	for _, g := range in.SecurityGroupIDs {
 		if sg := w.sgs[g]; sg == nil || sg.VPC != sn.VPC {

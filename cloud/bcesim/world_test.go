@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 )
@@ -264,5 +265,27 @@ func TestWorld_RandomOpsKeepInvariants(t *testing.T) {
 	t.Logf("seed %d outcomes: %v", seed, counts)
 	if counts["ok"] < 1000 || counts[CodeSubnetNoMoreIP]+counts[CodeVMMemoryIPCap] == 0 {
 		t.Fatalf("random walk too shallow to test caps: %v", counts)
+	}
+}
+
+func TestWorld_CreateENI_SecurityGroupKinds(t *testing.T) {
+	w, sn, _ := newTestWorld(t, 1)
+	primary := []IPRequest{{Primary: true}}
+	id, err := w.CreateENI(t0, CreateENIInput{Name: "esg", SubnetID: sn[0], EnterpriseSecurityGroupIDs: []string{"esg-1"}, PrivateIPs: primary})
+	if err != nil {
+		t.Fatalf("enterprise security groups only: %v", err)
+	}
+	if got := w.enis[id].EnterpriseSGs; !slices.Equal(got, []string{"esg-1"}) || len(w.enis[id].SecurityGroups) != 0 {
+		t.Fatalf("stored groups: enterprise %v, ordinary %v", got, w.enis[id].SecurityGroups)
+	}
+	for name, in := range map[string]CreateENIInput{
+		"both":            {Name: "both", SubnetID: sn[0], SecurityGroupIDs: []string{"g"}, EnterpriseSecurityGroupIDs: []string{"esg-1"}, PrivateIPs: primary},
+		"neither":         {Name: "neither", SubnetID: sn[0], PrivateIPs: primary},
+		"not an esg ID":   {Name: "bad", SubnetID: sn[0], EnterpriseSecurityGroupIDs: []string{"g"}, PrivateIPs: primary},
+		"empty esg token": {Name: "bad", SubnetID: sn[0], EnterpriseSecurityGroupIDs: []string{"esg-"}, PrivateIPs: primary},
+	} {
+		if _, err := w.CreateENI(t0, in); err == nil {
+			t.Errorf("%s: created, want a refusal", name)
+		}
 	}
 }

@@ -34,6 +34,7 @@ func main() {
 type options struct {
 	listen, vpc, securityGroup, credentialsDir, logLevel, logFormat string
 	credentials, subnets, instances, rateOverrides                  []string
+	gatewayTokens, gatewayHosts                                     []string
 	pageSize, unattachedQuota, bulkInstances, bulkCPU, bulkMemGB    int
 	bulkSubnet                                                      string
 	attachDelay, detachDelay, replicaLag, latency                   time.Duration
@@ -47,6 +48,10 @@ func (o *options) register(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&o.credentials, "credential", nil, "accepted access key pair AK:SK (repeatable)")
 	fs.StringVar(&o.credentialsDir, "credentials-dir", "",
 		"directory with files access-key-id and secret-access-key to accept (a mounted Secret)")
+	fs.StringArrayVar(&o.gatewayTokens, "gateway-token", nil,
+		"also act as the CCE gateway: accept requests carrying this cce-token instead of a signature (repeatable)")
+	fs.StringArrayVar(&o.gatewayHosts, "gateway-remote-host", nil,
+		"in gateway mode, a cce-remote-host served (repeatable; default: every host)")
 	fs.IntVar(&o.pageSize, "page-size", 1000, "largest list page served, below the SDK's maxKeys=1000 to exercise pagination")
 	fs.DurationVar(&o.attachDelay, "attach-delay", 2*time.Second, "time an ENI stays attaching before it is inuse (< 50s)")
 	fs.DurationVar(&o.detachDelay, "detach-delay", time.Second, "time an ENI stays detaching before it is available")
@@ -88,6 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := bcesim.Config{
 		Credentials: creds, PageSize: o.pageSize, Logger: logger,
+		Gateway: bcesim.GatewayConfig{Tokens: o.gatewayTokens, RemoteHosts: o.gatewayHosts},
 		World: bcesim.WorldConfig{AttachDelay: o.attachDelay, DetachDelay: o.detachDelay, Seed: o.seed,
 			MaxUnattachedENIsPerVPC: o.unattachedQuota},
 	}
@@ -119,7 +125,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(stdout, addr)
-	logger.Info("bce-sim serving", "addr", addr, "accessKeys", len(creds), "pageSize", o.pageSize,
+	logger.Info("bce-sim serving", "addr", addr, "accessKeys", len(creds), "gatewayTokens", len(o.gatewayTokens), "pageSize", o.pageSize,
 		"rateLimits", o.rateLimits, "subnets", len(o.subnets), "instances", len(o.instances)+o.bulkInstances)
 	<-ctx.Done()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -170,8 +176,8 @@ func (o *options) credentialMap() (map[string]string, error) {
 		}
 		m[ak] = sk
 	}
-	if len(m) == 0 {
-		return nil, errors.New("no credentials: give --credential AK:SK or --credentials-dir")
+	if len(m) == 0 && len(o.gatewayTokens) == 0 {
+		return nil, errors.New("no credentials: give --credential AK:SK, --credentials-dir or --gateway-token")
 	}
 	return m, nil
 }

@@ -100,10 +100,54 @@ func TestRun_RejectsBadFlags(t *testing.T) {
 		{"--credential", "a:b", "--error-rate", "1.5"},
 		{"--credential", "a:b", "--replica-lag", "-1s"},
 		{"--no-such-flag"},
+		{"--gateway-token", "with space"},
 	} {
 		var out, logs syncBuffer
 		if err := run(context.Background(), args, &out, &logs); err == nil {
 			t.Errorf("run(%q) succeeded", args)
 		}
+	}
+}
+
+// --gateway-token alone makes a simulator that only the CCE gateway's
+// requests reach.
+func TestRun_GatewayOnly(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	outR, outW := io.Pipe()
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--gateway-token", "tok", "--gateway-remote-host", "bcc.bj.baidubce.com",
+			"--subnet", "sbn-1,cn-bj-a,10.0.0.0/24"}, outW, &logs)
+		outW.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	addr, err := bufio.NewReader(outR).ReadString('\n')
+	if err != nil {
+		t.Fatalf("no address printed: %v (logs: %s)", err, logs.String())
+	}
+	go func() { _, _ = io.Copy(io.Discard, outR) }()
+	get := func(token string) int {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+strings.TrimSpace(addr)+"/v1/subnet/sbn-1", nil)
+		req.Header.Set("cce-token", token)
+		req.Header.Set("cce-cluster", "cce-1")
+		req.Header.Set("cce-remote-host", "bcc.bj.baidubce.com")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if st := get("tok"); st != http.StatusOK {
+		t.Fatalf("right token: %d", st)
+	}
+	if st := get("other"); st != http.StatusForbidden {
+		t.Fatalf("wrong token: %d", st)
 	}
 }

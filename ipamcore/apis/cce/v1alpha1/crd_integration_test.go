@@ -44,12 +44,12 @@ var crdDir = filepath.Join("..", "..", "..", "..", "charts", "cce-ipam", "crds")
 
 // The chart installs the CRDs; the API server reports the kinds with the
 // reference's names, short names and scope, and a status subresource only
-// for the PSTS kinds.
+// for the PSTS kinds; and cce-ipam's own IPClaim, cluster-scoped.
 func TestCRDs_InstallFromChart(t *testing.T) {
 	ctx := testContext(t)
 	crds := chartCRDs(t)
-	if len(crds) != 5 {
-		t.Fatalf("%s has %d CRDs, want 5", crdDir, len(crds))
+	if len(crds) != 6 {
+		t.Fatalf("%s has %d CRDs, want 6", crdDir, len(crds))
 	}
 	applyCRDs(ctx, t, crds, true)
 
@@ -63,24 +63,26 @@ func TestCRDs_InstallFromChart(t *testing.T) {
 		got[r.Name] = r
 	}
 	for _, want := range []struct {
-		plural, kind string
-		short        []string
-		status       bool
+		plural, kind       string
+		short              []string
+		status, namespaced bool
 	}{
-		{"workloadendpoints", "WorkloadEndpoint", []string{"wep"}, false},
-		{"ippools", "IPPool", []string{"pool", "ipl"}, false},
-		{"subnets", "Subnet", []string{"sbn"}, false},
-		{"podsubnettopologyspreads", "PodSubnetTopologySpread", []string{"psts"}, true},
-		{"podsubnettopologyspreadtables", "PodSubnetTopologySpreadTable", []string{"pstt"}, true},
+		{"workloadendpoints", "WorkloadEndpoint", []string{"wep"}, false, true},
+		{"ippools", "IPPool", []string{"pool", "ipl"}, false, true},
+		{"subnets", "Subnet", []string{"sbn"}, false, true},
+		{"podsubnettopologyspreads", "PodSubnetTopologySpread", []string{"psts"}, true, true},
+		{"podsubnettopologyspreadtables", "PodSubnetTopologySpreadTable", []string{"pstt"}, true, true},
+		// cce-ipam's own kind: the exclusive-subnet address ledger.
+		{"ipclaims", "IPClaim", []string{"ipc"}, false, false},
 	} {
 		r, ok := got[want.plural]
 		if !ok {
 			t.Errorf("discovery has no %s: %v", want.plural, list.APIResources)
 			continue
 		}
-		if r.Kind != want.kind || !r.Namespaced || !reflect.DeepEqual(r.ShortNames, want.short) {
-			t.Errorf("%s: kind %s namespaced %v short names %v; want %s, true, %v",
-				want.plural, r.Kind, r.Namespaced, r.ShortNames, want.kind, want.short)
+		if r.Kind != want.kind || r.Namespaced != want.namespaced || !reflect.DeepEqual(r.ShortNames, want.short) {
+			t.Errorf("%s: kind %s namespaced %v short names %v; want %s, %v, %v",
+				want.plural, r.Kind, r.Namespaced, r.ShortNames, want.kind, want.namespaced, want.short)
 		}
 		if _, ok := got[want.plural+"/status"]; ok != want.status {
 			t.Errorf("%s: status subresource %v, want %v (as the reference)", want.plural, ok, want.status)

@@ -2,10 +2,12 @@ package v1alpha1_test
 
 import (
 	"encoding/json"
+	"net/netip"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	kjson "sigs.k8s.io/json"
 
 	v1 "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
@@ -44,6 +46,36 @@ func FuzzPSTSDecode(f *testing.F) {
 			}
 			if cp := obj.DeepCopyObject(); !equality.Semantic.DeepEqual(cp, obj) {
 				t.Fatalf("%T: deep copy differs:\n%s\nwant\n%s", obj, pretty(cp), pretty(obj))
+			}
+		}
+	})
+}
+
+// FuzzClaimName: every address's claim name is a valid object name that
+// names that address alone, and every name AddrOfClaimName accepts is the
+// claim name of the address it returns (one address, one name).
+func FuzzClaimName(f *testing.F) {
+	f.Add([]byte{10, 0, 1, 5}, "10.0.1.5")
+	f.Add([]byte{0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, "fd00-0-0-0-0-0-0-1")
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 1, 5}, "0-0-0-0-0-ffff-a00-105")
+	f.Add([]byte{}, "010.0.1.5")
+	f.Fuzz(func(t *testing.T, raw []byte, name string) {
+		if addr, ok := netip.AddrFromSlice(raw); ok {
+			n := v1.ClaimName(addr)
+			if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
+				t.Fatalf("ClaimName(%s) = %q is not a valid object name: %v", addr, n, errs)
+			}
+			back, ok := v1.AddrOfClaimName(n)
+			if !ok || back != addr.Unmap() {
+				t.Fatalf("AddrOfClaimName(ClaimName(%s) = %q) = %s, %v", addr, n, back, ok)
+			}
+		}
+		if addr, ok := v1.AddrOfClaimName(name); ok {
+			if got := v1.ClaimName(addr); got != name {
+				t.Fatalf("AddrOfClaimName(%q) = %s, whose claim name is %q: two names for one address", name, addr, got)
+			}
+			if addr.Is4In6() || addr.Zone() != "" {
+				t.Fatalf("AddrOfClaimName(%q) = %s, not a plain address", name, addr)
 			}
 		}
 	})

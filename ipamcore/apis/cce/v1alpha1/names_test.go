@@ -1,6 +1,7 @@
 package v1alpha1_test
 
 import (
+	"net/netip"
 	"testing"
 
 	v1 "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
@@ -75,6 +76,57 @@ func TestWorkloadEndpoint_Kinds(t *testing.T) {
 		}
 		if got := w.IsCustomReuse(); got != tc.reusing {
 			t.Errorf("type %q enableFixIP %q: IsCustomReuse = %v", tc.typ, tc.fix, got)
+		}
+	}
+}
+
+func TestClaimName(t *testing.T) {
+	for _, tc := range []struct{ addr, want string }{
+		{"10.0.1.5", "10.0.1.5"},
+		{"0.0.0.0", "0.0.0.0"},
+		{"255.255.255.255", "255.255.255.255"},
+		{"::ffff:10.0.1.5", "10.0.1.5"}, // IPv4-mapped: the IPv4 address's claim
+		{"fd00::1", "fd00-0-0-0-0-0-0-1"},
+		{"fd00::1%eth0", "fd00-0-0-0-0-0-0-1"}, // a zone is no part of a subnet address
+		{"::", "0-0-0-0-0-0-0-0"},
+		{"2400:da00:e003:0:1a0:ff:fe00:ab", "2400-da00-e003-0-1a0-ff-fe00-ab"},
+		{"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "ffff-ffff-ffff-ffff-ffff-ffff-ffff-ffff"},
+	} {
+		addr := netip.MustParseAddr(tc.addr)
+		got := v1.ClaimName(addr)
+		if got != tc.want {
+			t.Errorf("ClaimName(%s) = %q, want %q", tc.addr, got, tc.want)
+		}
+		if errs := validation.IsDNS1123Subdomain(got); len(errs) > 0 {
+			t.Errorf("ClaimName(%s) = %q is not a valid object name: %v", tc.addr, got, errs)
+		}
+		back, ok := v1.AddrOfClaimName(got)
+		if want := addr.Unmap().WithZone(""); !ok || back != want {
+			t.Errorf("AddrOfClaimName(%q) = %s, %v; want %s", got, back, ok, want)
+		}
+	}
+	if got := v1.ClaimName(netip.Addr{}); got != "" {
+		t.Errorf("ClaimName of the zero Addr = %q, want \"\"", got)
+	}
+}
+
+func TestAddrOfClaimName_RejectsOtherNames(t *testing.T) {
+	for _, name := range []string{
+		"", "web-0", "ip-10.0.1.5", "10.0.1", "10.0.1.5.6", "010.0.1.5", "10.0.1.256",
+		"fd00::1",                        // colons are not in names
+		"fd00-0-0-0-0-0-1",               // seven groups
+		"fd00-0-0-0-0-0-0-0-1",           // nine groups
+		"FD00-0-0-0-0-0-0-1",             // upper case
+		"fd00-0-0-0-0-0-0-01",            // leading zero
+		"fd00-0-0-0-0-0-0-0001",          // leading zeros
+		"fd00-0-0-0-0-0-0-10000",         // five digits
+		"fd00-0-0-0-0-0-0-+1",            // sign
+		"fd00-0-0-0-0-0-0-",              // empty group
+		"0-0-0-0-0-ffff-a00-105",         // IPv4-mapped: named 10.0.1.5
+		"fd00-0-0-0-0-0-0-1.example.com", // dots and dashes
+	} {
+		if a, ok := v1.AddrOfClaimName(name); ok {
+			t.Errorf("AddrOfClaimName(%q) = %s, want no address", name, a)
 		}
 	}
 }

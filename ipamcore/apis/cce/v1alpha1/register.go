@@ -42,6 +42,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&Subnet{}, &SubnetList{},
 		&PodSubnetTopologySpread{}, &PodSubnetTopologySpreadList{},
 		&PodSubnetTopologySpreadTable{}, &PodSubnetTopologySpreadTableList{},
+		&IPClaim{}, &IPClaimList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

@@ -26,10 +26,14 @@ import (
 // +kubebuilder:printcolumn:name="Fixed",type=string,JSONPath=`.spec.enableFixIP`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:selectablefield:JSONPath=`.spec.node`
+// +kubebuilder:selectablefield:JSONPath=`.spec.subnetTopologyReference`
 
 // WorkloadEndpoint (wep) records the IP assigned to one pod. It has the pod's
 // name and namespace, carries the finalizer WorkloadEndpointFinalizer, and has
-// no status: everything is in the spec.
+// no status: everything is in the spec. spec.node and
+// spec.subnetTopologyReference are selectable fields: a node's rebuild reads
+// only that node's weps, and the leader's IPClaim keeper watches only PSTS
+// weps.
 type WorkloadEndpoint struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -40,6 +40,8 @@ func (f *genericInformer) Lister() cache.GenericLister {
 func (f *sharedInformerFactory) ForResource(resource schema.GroupVersionResource) (GenericInformer, error) {
 	switch resource {
 	// Group=cce.io, Version=v1alpha1
+	case v1alpha1.SchemeGroupVersion.WithResource("ipclaims"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Cce().V1alpha1().IPClaims().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("ippools"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Cce().V1alpha1().IPPools().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("podsubnettopologyspreads"):

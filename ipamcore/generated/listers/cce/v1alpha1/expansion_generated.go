@@ -5,6 +5,10 @@
 
 package v1alpha1
 
+// IPClaimListerExpansion allows custom methods to be added to
+// IPClaimLister.
+type IPClaimListerExpansion interface{}
+
 // IPPoolListerExpansion allows custom methods to be added to
 // IPPoolLister.
 type IPPoolListerExpansion interface{}

@@ -11,6 +11,8 @@ import (
 
 // Interface provides access to all the informers in this group version.
 type Interface interface {
+	// IPClaims returns a IPClaimInformer.
+	IPClaims() TypedIPClaimInformer
 	// IPPools returns a IPPoolInformer.
 	IPPools() TypedIPPoolInformer
 	// PodSubnetTopologySpreads returns a PodSubnetTopologySpreadInformer.
@@ -32,6 +34,11 @@ type version struct {
 // New returns a new Interface.
 func New(f internalinterfaces.SharedInformerFactory, namespace string, tweakListOptions internalinterfaces.TweakListOptionsFunc) Interface {
 	return &version{factory: f, namespace: namespace, tweakListOptions: tweakListOptions}
+}
+
+// IPClaims returns a TypedIPClaimInformer.
+func (v *version) IPClaims() TypedIPClaimInformer {
+	return &iPClaimInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
 }
 
 // IPPools returns a TypedIPPoolInformer.

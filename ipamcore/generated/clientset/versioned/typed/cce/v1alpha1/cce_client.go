@@ -15,6 +15,7 @@ import (
 
 type CceV1alpha1Interface interface {
 	RESTClient() rest.Interface
+	IPClaimsGetter
 	IPPoolsGetter
 	PodSubnetTopologySpreadsGetter
 	PodSubnetTopologySpreadTablesGetter
@@ -25,6 +26,10 @@ type CceV1alpha1Interface interface {
 // CceV1alpha1Client is used to interact with features provided by the cce.io group.
 type CceV1alpha1Client struct {
 	restClient rest.Interface
+}
+
+func (c *CceV1alpha1Client) IPClaims() IPClaimInterface {
+	return newIPClaims(c)
 }
 
 func (c *CceV1alpha1Client) IPPools(namespace string) IPPoolInterface {

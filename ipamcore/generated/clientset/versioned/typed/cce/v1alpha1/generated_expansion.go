@@ -5,6 +5,8 @@
 
 package v1alpha1
 
+type IPClaimExpansion interface{}
+
 type IPPoolExpansion interface{}
 
 type PodSubnetTopologySpreadExpansion interface{}

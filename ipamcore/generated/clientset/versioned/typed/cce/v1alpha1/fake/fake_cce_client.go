@@ -15,6 +15,10 @@ type FakeCceV1alpha1 struct {
 	*testing.Fake
 }
 
+func (c *FakeCceV1alpha1) IPClaims() v1alpha1.IPClaimInterface {
+	return newFakeIPClaims(c)
+}
+
 func (c *FakeCceV1alpha1) IPPools(namespace string) v1alpha1.IPPoolInterface {
 	return newFakeIPPools(c, namespace)
 }

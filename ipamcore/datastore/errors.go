@@ -65,6 +65,10 @@ var (
 	// ErrNotHeld is returned by Unhold for an address that is not held.
 	ErrNotHeld = errors.New("ip is not held")
 
+	// ErrChanged is returned by HoldInUse when the address is no longer in
+	// the state the caller read it in: its decision is stale.
+	ErrChanged = errors.New("ip changed since it was read")
+
 	// ErrNoIdleIP is returned by Allocate when the candidate ENIs have no idle
 	// address at all. The warm pool must grow; a *CoolingError also matches
 	// it when idle addresses exist but are all cooling.

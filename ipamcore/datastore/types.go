@@ -147,6 +147,18 @@ const (
 	// returns to the pool; gone, it is forgotten. The pool planner counts it
 	// as idle, so that waiting for the read does not grow the pool.
 	HoldUnsettled
+	// HoldInUse: a running pod uses the address (its status.podIP) while no
+	// WorkloadEndpoint names it for that pod, e.g. the wep was deleted out
+	// of band. Handing it out would give one IP to two pods, so it is never
+	// allocated; the caller returns it to the pool with Unhold once no
+	// running pod uses it.
+	HoldInUse
+	// HoldOrphan: a cloud address of a recorded ENI that the store did not
+	// know and no WorkloadEndpoint names (an add whose reply was lost, an
+	// address added by hand). Nothing proves it unused by something outside
+	// the IPAM, so it never joins the pool: the caller deletes it from the
+	// cloud after a grace period, or gives it to a claimant with Unhold.
+	HoldOrphan
 )
 
 func (r HoldReason) String() string {
@@ -159,6 +171,10 @@ func (r HoldReason) String() string {
 		return "releasing"
 	case HoldUnsettled:
 		return "unsettled"
+	case HoldInUse:
+		return "in_use"
+	case HoldOrphan:
+		return "orphan"
 	}
 	return fmt.Sprintf("HoldReason(%d)", uint8(r))
 }

@@ -29,6 +29,12 @@ type Capacity struct {
 	WarmIPTarget int
 	// PreAttachedENIs is how many ENIs a node gets regardless of demand.
 	PreAttachedENIs int
+	// AheadOfDemand: the node asks for ENIs ahead of demand (it carries
+	// AnnotationPreAttachedENINum or AnnotationWarmIPTarget, as the node
+	// agent writes them), so the ENI sync creates them before the pool
+	// runs dry (spec §7.2.4). Without it an ENI is only created when the
+	// pool cannot grow.
+	AheadOfDemand bool
 }
 
 // DefaultCapacity is used for annotations that are missing: an 8-32 GB
@@ -87,5 +93,8 @@ func CapacityFromAnnotations(ann map[string]string, def Capacity) (Capacity, err
 		warm = c.MaxIPsPerENI / 2
 	}
 	c.WarmIPTarget = read(AnnotationWarmIPTarget, warm, 0)
+	_, pre := ann[AnnotationPreAttachedENINum]
+	_, warmSet := ann[AnnotationWarmIPTarget]
+	c.AheadOfDemand = pre || warmSet
 	return c, errors.Join(errs...)
 }

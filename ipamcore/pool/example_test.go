@@ -36,7 +36,7 @@ func Example() {
 	plan = pool.PlanGrow(cfg, capc, pool.StateFromSnapshot(snap, nil), nil, now)
 	fmt.Printf("need %d\n", plan.Need)
 	// Output:
-	// capacity: {8 8 4 1} <nil>
+	// capacity: {8 8 4 1 false} <nil>
 	// need 4, adds [{eni-1 4}], new eni false (attached enis have enough room)
 	// need 0
 }

@@ -15,6 +15,8 @@ var t0 = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 
 func TestCapacityFromAnnotations(t *testing.T) {
 	def := Capacity{MaxIPsPerENI: 16, MaxENIs: 8, WarmIPTarget: 8, PreAttachedENIs: 1}
+	aheadDef := def
+	aheadDef.AheadOfDemand = true
 	for _, tc := range []struct {
 		name    string
 		ann     map[string]string
@@ -28,15 +30,17 @@ func TestCapacityFromAnnotations(t *testing.T) {
 			AnnotationWarmIPTarget:      "5",
 			AnnotationPreAttachedENINum: "2",
 		},
-			Capacity{MaxIPsPerENI: 30, MaxENIs: 4, WarmIPTarget: 5, PreAttachedENIs: 2}, ""},
+			Capacity{MaxIPsPerENI: 30, MaxENIs: 4, WarmIPTarget: 5, PreAttachedENIs: 2, AheadOfDemand: true}, ""},
 		{"warm defaults to half of max-ip-per-eni", map[string]string{AnnotationMaxIPPerENI: "40"},
 			Capacity{MaxIPsPerENI: 40, MaxENIs: 8, WarmIPTarget: 20, PreAttachedENIs: 1}, ""},
 		{"malformed falls back and reports", map[string]string{AnnotationMaxIPPerENI: "lots", AnnotationMaxENINum: "0"},
 			def, "cce.io/max-eni-num"},
 		{"max-ip-per-eni 1 is useless", map[string]string{AnnotationMaxIPPerENI: "1"}, def, "cce.io/max-ip-per-eni"},
-		{"negative warm", map[string]string{AnnotationWarmIPTarget: "-1"}, def, "cce.io/warm-ip-target"},
+		{"negative warm", map[string]string{AnnotationWarmIPTarget: "-1"}, aheadDef, "cce.io/warm-ip-target"},
+		{"warm target alone asks for ENIs ahead", map[string]string{AnnotationWarmIPTarget: "3"},
+			Capacity{MaxIPsPerENI: 16, MaxENIs: 8, WarmIPTarget: 3, PreAttachedENIs: 1, AheadOfDemand: true}, ""},
 		{"pre-attached zero is fine", map[string]string{AnnotationPreAttachedENINum: "0"},
-			Capacity{MaxIPsPerENI: 16, MaxENIs: 8, WarmIPTarget: 8, PreAttachedENIs: 0}, ""},
+			Capacity{MaxIPsPerENI: 16, MaxENIs: 8, WarmIPTarget: 8, PreAttachedENIs: 0, AheadOfDemand: true}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := CapacityFromAnnotations(tc.ann, def)

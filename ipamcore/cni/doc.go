@@ -24,6 +24,12 @@
 //		err = cni.RefusalError(md, reply.ErrMsg) // errors.Is(err, podip.ErrNotHere)?
 //	}
 //
+// IP types: BCC is served, and so are unknown values (older plugins send 0 or
+// garbage), as the reference does. An ADD of another IPAM's type (BBC,
+// cross-VPC ENI, RoCE, ERI) fails with ErrUnsupportedIPType naming it; a DEL
+// of any type is released as BCC, so it succeeds with no address when we
+// hold nothing for the pod and never blocks the pod's teardown.
+//
 // Allocations and releases have separate concurrency limits (the reference
 // counted allocations against the release limit too, so a burst of ADDs could
 // starve DELs that free IPs).

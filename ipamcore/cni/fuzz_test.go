@@ -37,7 +37,7 @@ func FuzzAllocateIPRequest(f *testing.F) {
 			t.Fatalf("success=%v with %d backend calls", reply.IsSuccess, len(calls))
 		}
 		for _, pod := range calls {
-			if _, err := decode(&req, req.GetIPType()); err != nil {
+			if _, err := decode(&req); err != nil || checkIPType(req.GetIPType()) != nil {
 				t.Fatalf("backend got %v although validation says %v", pod, err)
 			}
 			if pod.Name != req.GetK8SPodName() || pod.Namespace != req.GetK8SPodNamespace() || pod.ContainerID != req.GetK8SPodInfraContainerID() {

@@ -91,7 +91,7 @@ func NewServer(cfg Config, backend podip.Backend, log *slog.Logger, reg promethe
 // AllocateIP implements rpc.CNIBackendServer.
 func (s *Server) AllocateIP(ctx context.Context, req *rpc.AllocateIPRequest) (*rpc.AllocateIPReply, error) {
 	reply := &rpc.AllocateIPReply{IPType: rpc.IPType_BCCMultiENIMultiIPType}
-	ep, _, err := s.serve(ctx, methodAllocate, s.allocate, req, req.GetIPType(),
+	ep, _, err := s.serve(ctx, methodAllocate, s.allocate, req, checkIPType(req.GetIPType()),
 		func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, bool, error) {
 			ep, err := s.backend.Allocate(ctx, pod)
 			return ep, err == nil, err
@@ -105,16 +105,24 @@ func (s *Server) AllocateIP(ctx context.Context, req *rpc.AllocateIPRequest) (*r
 	return reply, nil
 }
 
-// ReleaseIP implements rpc.CNIBackendServer.
+// ReleaseIP implements rpc.CNIBackendServer. Every IP type is released as
+// BCC: for another IPAM's type (BBC, cross-VPC, RoCE, ERI) we normally hold
+// nothing and the DEL succeeds with no address, so that the pod's teardown
+// is not blocked; if we do hold something for the pod (say it was ADDed as
+// BCC by an older plugin), it is freed.
 func (s *Server) ReleaseIP(ctx context.Context, req *rpc.ReleaseIPRequest) (*rpc.ReleaseIPReply, error) {
 	reply := &rpc.ReleaseIPReply{IPType: rpc.IPType_BCCMultiENIMultiIPType}
-	ep, ok, err := s.serve(ctx, methodRelease, s.release, req, req.GetIPType(), s.backend.Release)
+	if _, foreign := foreignIPTypes[req.GetIPType()]; foreign {
+		reply.IPType = req.GetIPType() // nothing of ours released: answer in the caller's type
+	}
+	ep, ok, err := s.serve(ctx, methodRelease, s.release, req, nil, s.backend.Release)
 	if err != nil {
 		reply.ErrMsg = err.Error()
 		return reply, nil
 	}
 	reply.IsSuccess = true
 	if ok {
+		reply.IPType = rpc.IPType_BCCMultiENIMultiIPType
 		reply.NetworkInfo = &rpc.ReleaseIPReply_ENIMultiIP{ENIMultiIP: toWire(ep)}
 	}
 	return reply, nil
@@ -124,7 +132,7 @@ func (s *Server) ReleaseIP(ctx context.Context, req *rpc.ReleaseIPRequest) (*rpc
 // the current assignment, or IsSuccess=false when the pod holds no IP.
 func (s *Server) CheckIP(ctx context.Context, req *rpc.CheckIPRequest) (*rpc.CheckIPReply, error) {
 	reply := &rpc.CheckIPReply{IPType: rpc.IPType_BCCMultiENIMultiIPType}
-	ep, ok, err := s.serve(ctx, methodCheck, s.release, req, rpc.IPType_BCCMultiENIMultiIPType, s.backend.Check)
+	ep, ok, err := s.serve(ctx, methodCheck, s.release, req, nil, s.backend.Check)
 	switch {
 	case err != nil:
 		reply.ErrMsg = err.Error()
@@ -140,11 +148,15 @@ func (s *Server) CheckIP(ctx context.Context, req *rpc.CheckIPRequest) (*rpc.Che
 type call func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, bool, error)
 
 // serve is the shared path of every method: validate, take a slot or refuse,
-// run the backend under the deadline, record the outcome.
-func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, req podRequest, ipType rpc.IPType,
+// run the backend under the deadline, record the outcome. A non-nil refusal
+// (the method's own check of the request) fails the call before the backend.
+func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, req podRequest, refusal error,
 	fn call) (podip.Endpoint, bool, error) {
 	start := time.Now()
-	pod, err := decode(req, ipType)
+	pod, err := decode(req)
+	if err == nil {
+		err = refusal
+	}
 	if err != nil {
 		s.metrics.observe(method, resultInvalid, start)
 		s.log.Warn("rejected CNI request", "method", method, "err", err)

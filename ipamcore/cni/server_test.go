@@ -138,8 +138,10 @@ func TestServer_AllocateIP_InvalidRequests(t *testing.T) {
 		{"space in container", allocReq("default", "p", "ab cd"), "non-printable or space"},
 		{"control char", allocReq("default", "p", "ab\x01cd"), "non-printable or space"},
 		{"bad node", withNode(allocReq("default", "p", "id"), "Node_1"), "node name"},
-		{"bbc", withType(allocReq("default", "p", "id"), rpc.IPType_BBCPrimaryENIMultiIPType), "unsupported IP type"},
-		{"crossvpc", withType(allocReq("default", "p", "id"), rpc.IPType_CrossVPCENIIPType), "unsupported IP type"},
+		{"bbc", withType(allocReq("default", "p", "id"), rpc.IPType_BBCPrimaryENIMultiIPType), "unsupported IP type BBCPrimaryENIMultiIPType (1, BBC pods)"},
+		{"crossvpc", withType(allocReq("default", "p", "id"), rpc.IPType_CrossVPCENIIPType), "(2, cross-VPC ENI pods)"},
+		{"roce", withType(allocReq("default", "p", "id"), rpc.IPType_RoCEENIMultiIPType), "(3, RoCE pods)"},
+		{"eri", withType(allocReq("default", "p", "id"), rpc.IPType_ERIENIMultiIPType), "(4, ERI pods)"},
 	}
 	b := &recordingBackend{}
 	reg := prometheus.NewRegistry()
@@ -253,6 +255,37 @@ func TestServer_ReleaseIP(t *testing.T) {
 	unknown, err := c.ReleaseIP(context.Background(), releaseReq("gone", "1"))
 	if err != nil || !unknown.IsSuccess || unknown.GetENIMultiIP() != nil {
 		t.Fatalf("release of an unknown pod = %v, err %v; want success without payload", unknown, err)
+	}
+}
+
+// A DEL of another IPAM's IP type must not block the pod's teardown: it
+// reaches the backend as a BCC release, which succeeds with nothing when we
+// hold nothing and frees what we do hold.
+func TestServer_ReleaseIP_ForeignIPTypes(t *testing.T) {
+	b := &recordingBackend{release: func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, bool, error) {
+		if pod.Name == "held" {
+			return podip.Endpoint{IP: "10.0.0.7"}, true, nil
+		}
+		return podip.Endpoint{}, false, nil
+	}}
+	c := serve(t, DefaultConfig(), b, nil)
+	for _, typ := range []rpc.IPType{rpc.IPType_BBCPrimaryENIMultiIPType, rpc.IPType_CrossVPCENIIPType,
+		rpc.IPType_RoCEENIMultiIPType, rpc.IPType_ERIENIMultiIPType} {
+		req := releaseReq("gone", "1")
+		req.IPType = typ
+		none, err := c.ReleaseIP(context.Background(), req)
+		if err != nil || !none.IsSuccess || none.GetENIMultiIP() != nil || none.IPType != typ {
+			t.Fatalf("%s release of a pod we hold nothing for = %v, err %v; want success without payload in its type", typ, none, err)
+		}
+		req = releaseReq("held", "1")
+		req.IPType = typ
+		held, err := c.ReleaseIP(context.Background(), req)
+		if err != nil || !held.IsSuccess || held.GetENIMultiIP().GetIP() != "10.0.0.7" || held.IPType != rpc.IPType_BCCMultiENIMultiIPType {
+			t.Fatalf("%s release of a pod holding a BCC IP = %v, err %v; want it released as BCC", typ, held, err)
+		}
+	}
+	if calls := b.Calls(); len(calls) != 8 {
+		t.Fatalf("backend saw %d releases, want 8", len(calls))
 	}
 }
 

@@ -16,9 +16,29 @@ import (
 // ErrInvalidRequest marks requests rejected before reaching the Backend.
 var ErrInvalidRequest = errors.New("invalid request")
 
-// ErrUnsupportedIPType is returned for IP types that cce-ipam does not serve
-// (BBC, cross-VPC ENI, RoCE, ERI): those have their own IPAMs.
+// ErrUnsupportedIPType is returned for an ADD of an IP type that cce-ipam
+// does not serve (BBC, cross-VPC ENI, RoCE, ERI): those have their own IPAMs.
 var ErrUnsupportedIPType = errors.New("unsupported IP type")
+
+// foreignIPTypes names the IP types of other IPAMs, as a user knows them.
+var foreignIPTypes = map[rpc.IPType]string{
+	rpc.IPType_BBCPrimaryENIMultiIPType: "BBC",
+	rpc.IPType_CrossVPCENIIPType:        "cross-VPC ENI",
+	rpc.IPType_RoCEENIMultiIPType:       "RoCE",
+	rpc.IPType_ERIENIMultiIPType:        "ERI",
+}
+
+// checkIPType refuses an ADD of another IPAM's IP type. Unknown values are
+// served as BCC, as the reference does, since older plugins send 0 or
+// garbage. A DEL is not checked: the pod's teardown must not be blocked, and
+// whatever we hold for the pod is released as for BCC.
+func checkIPType(t rpc.IPType) error {
+	if name, ok := foreignIPTypes[t]; ok {
+		return fmt.Errorf("%w %s (%d, %s pods): cce-ipam serves BCC pods (ENI secondary IPs) only",
+			ErrUnsupportedIPType, t, int32(t), name)
+	}
+	return nil
+}
 
 // maxContainerIDLen bounds the infra container ID: runtimes use 64 hex
 // characters; anything far longer is not a container ID.
@@ -32,16 +52,10 @@ type podRequest interface {
 	GetK8SNodeName() string
 }
 
-// decode validates a request and turns it into a podip.PodRef. Unknown IP types are
-// served as BCC, as the reference does, since older plugins send 0 or garbage.
-func decode(req podRequest, ipType rpc.IPType) (podip.PodRef, error) {
+// decode validates a request and turns it into a podip.PodRef.
+func decode(req podRequest) (podip.PodRef, error) {
 	if req == nil {
 		return podip.PodRef{}, fmt.Errorf("%w: empty request", ErrInvalidRequest)
-	}
-	switch ipType {
-	case rpc.IPType_BBCPrimaryENIMultiIPType, rpc.IPType_CrossVPCENIIPType,
-		rpc.IPType_RoCEENIMultiIPType, rpc.IPType_ERIENIMultiIPType:
-		return podip.PodRef{}, fmt.Errorf("%w %s: cce-ipam serves BCC pods only", ErrUnsupportedIPType, ipType)
 	}
 	ref := podip.PodRef{
 		Namespace:   req.GetK8SPodNamespace(),

@@ -47,23 +47,37 @@ func (i *IPAM) Allocate(ctx context.Context, ref podip.PodRef) (podip.Endpoint, 
 		return podip.Endpoint{}, fmt.Errorf("%w: %s", ErrNodeNotServed, pod.Spec.NodeName)
 	}
 	defer done()
-	// A repeated ADD of the same sandbox gets the same answer. Only when
-	// the datastore says this sandbox already holds an IP here is the wep
-	// read, to see whether that was committed (else the ADD goes on and
-	// commits it); a first ADD costs no read.
-	if wep, ok := i.repeatedADD(ctx, n, ref); ok {
+	// A repeated ADD of the same sandbox gets the same answer, from the wep
+	// this replica committed for it (else the ADD goes on and commits it).
+	if ep, ok := i.repeatedADD(n, ref); ok {
 		i.metrics.allocations.WithLabelValues("ok", pathRepeat).Inc()
-		return endpointOf(wep), nil
+		return ep, nil
 	}
-	path := pathPool
-	if isFixedIPPod(pod) {
-		path = pathFixed
+	spread, err := i.pstsOf(ctx, pod)
+	if err != nil {
+		i.metrics.allocations.WithLabelValues("error", pathPSTS).Inc()
+		i.events.Eventf(pod, corev1.EventTypeWarning, "AllocateIPFailed", "allocate IP on node %s: %v", n.name, err)
+		return podip.Endpoint{}, err
 	}
-	wep, err := i.allocate(ctx, pod, n, datastore.Owner{
+	owner := datastore.Owner{
 		Namespace:   ref.Namespace,
 		Name:        ref.Name,
 		ContainerID: ref.ContainerID,
-	})
+	}
+	var (
+		path = pathPool
+		wep  *cce.WorkloadEndpoint
+	)
+	switch {
+	case spread != nil:
+		path = pathPSTS
+		wep, err = i.allocatePSTS(ctx, pod, n, owner, spread)
+	default:
+		if isFixedIPPod(pod) {
+			path = pathFixed
+		}
+		wep, err = i.allocate(ctx, pod, n, owner)
+	}
 	if err != nil {
 		i.metrics.allocations.WithLabelValues("error", path).Inc()
 		i.events.Eventf(pod, corev1.EventTypeWarning, "AllocateIPFailed", "allocate IP on node %s: %v", n.name, err)
@@ -76,21 +90,17 @@ func (i *IPAM) Allocate(ctx context.Context, ref podip.PodRef) (podip.Endpoint, 
 	return endpointOf(wep), nil
 }
 
-// repeatedADD returns the committed wep of a sandbox that already holds an
-// IP on the node.
-func (i *IPAM) repeatedADD(ctx context.Context, n *node, ref podip.PodRef) (*cce.WorkloadEndpoint, bool) {
-	held, err := i.store.LookupPod(n.name, datastore.PodKey{
-		Namespace: ref.Namespace,
-		Name:      ref.Name,
-	})
-	if err != nil || held.State != datastore.StateAssigned || held.Owner.ContainerID != ref.ContainerID {
-		return nil, false
+// repeatedADD answers a repeated ADD of a sandbox that already holds an IP
+// on the node, and whose wep this replica committed: from what it knows, with
+// no request (REQUESTS.md, "Repeated ADD"). An assignment the datastore holds
+// without a known wep (a fixed IP whose commit failed stays assigned) goes on
+// to commit.
+func (i *IPAM) repeatedADD(n *node, ref podip.PodRef) (podip.Endpoint, bool) {
+	rec, ok := i.knownFor(n, ref)
+	if !ok {
+		return podip.Endpoint{}, false
 	}
-	wep, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-	if err != nil || wep.Spec.ContainerID != ref.ContainerID || wep.Spec.Node != n.name || wep.Spec.IP != held.Addr.String() {
-		return nil, false
-	}
-	return wep, true
+	return rec.ep, true
 }
 
 // allocate takes an IP in the datastore and commits it with the wep; on a
@@ -100,10 +110,11 @@ func (i *IPAM) allocate(ctx context.Context, pod *corev1.Pod, n *node, owner dat
 		info   datastore.IPInfo
 		fixed  bool
 		subnet string
+		old    *cce.WorkloadEndpoint // the pod's wep as last read or written, if any
 		err    error
 	)
 	if isFixedIPPod(pod) {
-		if info, subnet, fixed, err = i.takeFixedIP(ctx, n, owner); err != nil {
+		if info, subnet, fixed, old, err = i.takeFixedIP(ctx, n, owner); err != nil {
 			return nil, err
 		}
 	}
@@ -112,7 +123,10 @@ func (i *IPAM) allocate(ctx context.Context, pod *corev1.Pod, n *node, owner dat
 			return nil, err
 		}
 	}
-	wep, err := i.commit(ctx, pod, n, info)
+	if !isFixedIPPod(pod) {
+		old = i.knownOld(n, owner.Pod()) // a fixed-IP pod's was just read
+	}
+	wep, err := i.commitOver(ctx, n, i.newWEP(pod, n, info), old)
 	if err != nil && !fixed {
 		// Nothing names the IP: put it back in the pool.
 		if _, rerr := i.store.Release(n.name, info.Addr, owner.ContainerID, i.deps.Clock.Now()); rerr != nil {
@@ -165,6 +179,9 @@ func (i *IPAM) tryTake(ctx context.Context, n *node, req datastore.Request,
 	refilled, done := n.waitRefill()
 	defer done()
 	info, err = i.store.Allocate(n.name, req, i.deps.Clock.Now())
+	if err == nil && i.guardAllocation(n, info) {
+		return datastore.IPInfo{}, true, nil // a running pod uses it (podipguard.go): pick again
+	}
 	if err == nil || !errors.Is(err, datastore.ErrNoIdleIP) {
 		return info, false, err
 	}
@@ -193,8 +210,30 @@ func (i *IPAM) tryTake(ctx context.Context, n *node, req datastore.Request,
 	}
 }
 
-// commit writes the WorkloadEndpoint: the allocation's commit point.
-func (i *IPAM) commit(ctx context.Context, pod *corev1.Pod, n *node, info datastore.IPInfo) (*cce.WorkloadEndpoint, error) {
+// commit writes the WorkloadEndpoint want: the allocation's commit point.
+func (i *IPAM) commit(ctx context.Context, n *node, want *cce.WorkloadEndpoint) (*cce.WorkloadEndpoint, error) {
+	return i.commitOver(ctx, n, want, nil)
+}
+
+// commitOver is commit when the pod's wep may already exist: old is it as
+// last read (takeFixedIP) or written (knownOld), and want replaces it with
+// one Update preconditioned on its resourceVersion. Without old, want is
+// created, and an existing wep is read and replaced. A Conflict (the wep
+// changed since old) reads it again, once. The replica remembers what it
+// wrote (known.go), and forgets it on any failure: the write may have
+// landed.
+func (i *IPAM) commitOver(ctx context.Context, n *node, want, old *cce.WorkloadEndpoint) (*cce.WorkloadEndpoint, error) {
+	pod := datastore.PodKey{Namespace: want.Namespace, Name: want.Name}
+	wep, err := i.writeWEP(ctx, n, want, old)
+	if err != nil {
+		i.known.forget(n.name, pod)
+		return nil, err
+	}
+	i.known.remember(n, wep)
+	return wep, nil
+}
+
+func (i *IPAM) writeWEP(ctx context.Context, n *node, want, old *cce.WorkloadEndpoint) (*cce.WorkloadEndpoint, error) {
 	tok, until, err := i.fenceFor(n.name)
 	if err != nil {
 		return nil, err
@@ -205,37 +244,65 @@ func (i *IPAM) commit(ctx context.Context, pod *corev1.Pod, n *node, info datast
 	// whose token is no longer the partition's claim (fencing.go).
 	ctx, cancel := fencedContext(ctx, until)
 	defer cancel()
-	want := i.newWEP(pod, n, info)
 	if tok != nil {
 		tok.Stamp(want)
 	}
-	if failpoint(fpBeforeWEPCreate, func() string { return n.name + " " + pod.Namespace + "/" + pod.Name }) {
+	if failpoint(fpBeforeWEPCreate, func() string { return n.name + " " + want.Namespace + "/" + want.Name }) {
 		ctx = context.WithoutCancel(ctx) // a write already on the wire (see failpoint.go)
 	}
-	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(pod.Namespace)
-	wep, err := client.Create(ctx, want, metav1.CreateOptions{})
-	if err == nil {
-		return wep, nil
+	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(want.Namespace)
+	// A known old wep is tried first; if it changed (Conflict) or went
+	// (NotFound) since, the second round creates, and on AlreadyExists reads
+	// the wep and replaces it, as without one.
+	finalizers := want.Finalizers
+	for round := 0; ; round++ {
+		if old == nil {
+			wep, err := client.Create(ctx, want, metav1.CreateOptions{})
+			if err == nil {
+				return wep, nil
+			}
+			if !apierrors.IsAlreadyExists(err) {
+				return nil, fmt.Errorf("create WorkloadEndpoint: %w", err)
+			}
+			// A wep of an earlier sandbox (or of this pod on another
+			// node): take it over with the resourceVersion we read, so a
+			// concurrent writer loses.
+			if old, err = client.Get(ctx, want.Name, metav1.GetOptions{}); err != nil {
+				return nil, fmt.Errorf("read existing WorkloadEndpoint: %w", err)
+			}
+			round++
+		}
+		if old.Spec.Node != n.name || old.Spec.IP != want.Spec.IP {
+			i.releaseStale(old)
+		}
+		want.ResourceVersion = old.ResourceVersion
+		want.Finalizers = old.Finalizers
+		wep, err := client.Update(ctx, want, metav1.UpdateOptions{})
+		if err == nil {
+			return wep, nil
+		}
+		if round > 0 || !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("update WorkloadEndpoint: %w", err)
+		}
+		old = nil
+		want.ResourceVersion, want.Finalizers = "", finalizers
 	}
-	if !apierrors.IsAlreadyExists(err) {
-		return nil, fmt.Errorf("create WorkloadEndpoint: %w", err)
+}
+
+// knownOld is the pod's wep on n as this replica last wrote it (whichever
+// sandbox it names), as the old wep commitOver replaces: a new sandbox of a
+// pod then costs one Update instead of a Create, a read and an Update.
+func (i *IPAM) knownOld(n *node, pod datastore.PodKey) *cce.WorkloadEndpoint {
+	rec, ok := i.known.get(n.name, pod)
+	if !ok || rec.node != n {
+		return nil
 	}
-	// A wep of an earlier sandbox (or of this pod on another node): take it
-	// over with the resourceVersion we read, so a concurrent writer loses.
-	old, err := client.Get(ctx, pod.Name, metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("read existing WorkloadEndpoint: %w", err)
+	return &cce.WorkloadEndpoint{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pod.Name, Namespace: pod.Namespace, UID: rec.uid, ResourceVersion: rec.rv, Finalizers: rec.finalizers,
+		},
+		Spec: cce.WorkloadEndpointSpec{ContainerID: rec.containerID, IP: rec.ip.String(), Node: n.name},
 	}
-	if old.Spec.Node != n.name || old.Spec.IP != info.Addr.String() {
-		i.releaseStale(old)
-	}
-	want.ResourceVersion = old.ResourceVersion
-	want.Finalizers = old.Finalizers
-	wep, err = client.Update(ctx, want, metav1.UpdateOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("update WorkloadEndpoint: %w", err)
-	}
-	return wep, nil
 }
 
 // releaseStale frees the IP an overwritten wep named, when this replica
@@ -245,13 +312,17 @@ func (i *IPAM) releaseStale(old *cce.WorkloadEndpoint) {
 	if err != nil {
 		return
 	}
-	if _, ok := i.node(old.Spec.Node); !ok {
+	n, ok := i.node(old.Spec.Node)
+	if !ok {
 		return
 	}
-	if _, err := i.store.Release(old.Spec.Node, addr, old.Spec.ContainerID, i.deps.Clock.Now()); err != nil &&
-		!errors.Is(err, datastore.ErrUnknownIP) && !errors.Is(err, datastore.ErrNotAssigned) {
+	rel, err := i.store.Release(old.Spec.Node, addr, old.Spec.ContainerID, i.deps.Clock.Now())
+	if err != nil && !errors.Is(err, datastore.ErrUnknownIP) && !errors.Is(err, datastore.ErrNotAssigned) {
 		i.log.Warn("could not free the IP of an overwritten WorkloadEndpoint", "wep", old.Namespace+"/"+old.Name,
 			"ip", old.Spec.IP, "err", err)
+	}
+	if err == nil && rel.Removed {
+		n.queueReturn(addr, rel.Info.ENIID) // a cross-subnet address serves no other pod
 	}
 }
 
@@ -339,6 +410,20 @@ func (i *IPAM) PodNode(ctx context.Context, ref podip.PodRef) (string, error) {
 		return "", err
 	}
 	return pod.Spec.NodeName, nil
+}
+
+// CallNode returns the node a call names when the Node informer knows it:
+// the CNI plugin runs on the sandbox's node, so a DEL or CheckIP is routed
+// there without reading the wep (REQUESTS.md, "DEL"). ok=false: the call
+// names no node or one not known here; the caller reads the wep instead.
+func (i *IPAM) CallNode(ref podip.PodRef) (string, bool) {
+	if ref.Node == "" {
+		return "", false
+	}
+	if _, err := i.nodes.Get(ref.Node); err != nil {
+		return "", false
+	}
+	return ref.Node, true
 }
 
 // EndpointNode returns the node of the pod's WorkloadEndpoint, for routing a

@@ -3,7 +3,10 @@
 package ipam_test
 
 import (
+	"context"
 	"fmt"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
@@ -71,4 +75,53 @@ func BenchmarkBareWEPCreate(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkAddDelPairs is one ADD and one DEL of a pod's sandbox through a
+// replica's whole CNI path (gRPC service, shard router, IPAM) against the
+// real API server, 8 pods at a time: the per-call cost of issue #28 (run
+// with -cpuprofile and -memprofile; allocs/op and the profile are the
+// replica's side, the API server runs in its own process). Each worker owns
+// its pods, which exist and are in the node's pod watch before the timer.
+func BenchmarkAddDelPairs(b *testing.B) {
+	e := newEnv(b, "pairs", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 12
+		c.IdleMax = 40
+		c.Cooldown = time.Millisecond
+		c.PoolCheckPeriod = 100 * time.Millisecond
+	}))
+	eventually(b, 20*time.Second, "warm pool", func() bool { return e.stats(e.nodes[0]).Idle >= 12 })
+	const workers = 8
+	pods := e.createPods("pair", workers)
+	for _, p := range pods {
+		eventually(b, 10*time.Second, "the pod watch", func() bool {
+			_, ok := e.ipam.PodFromCache(p.node, e.ns, p.name)
+			return ok
+		})
+	}
+	srv := routedCNIServer(b, e.ipam)
+	var next atomic.Int32
+	b.ReportAllocs()
+	b.SetParallelism(max(1, workers/runtime.GOMAXPROCS(0)))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		p := pods[int(next.Add(1)-1)%len(pods)]
+		for k := 0; pb.Next(); k++ {
+			ref := podip.PodRef{Namespace: e.ns, Name: p.name, ContainerID: fmt.Sprintf("%s-%d", p.containerID, k), Node: p.node}
+			add, err := srv.AllocateIP(context.Background(), &rpc.AllocateIPRequest{
+				K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID, K8SNodeName: ref.Node,
+			})
+			if err != nil || !add.GetIsSuccess() {
+				b.Errorf("ADD %s: %v %s", ref, err, add.GetErrMsg())
+				return
+			}
+			del, err := srv.ReleaseIP(context.Background(), &rpc.ReleaseIPRequest{
+				K8SPodName: ref.Name, K8SPodNamespace: ref.Namespace, K8SPodInfraContainerID: ref.ContainerID, K8SNodeName: ref.Node,
+			})
+			if err != nil || !del.GetIsSuccess() {
+				b.Errorf("DEL %s: %v %s", ref, err, del.GetErrMsg())
+				return
+			}
+		}
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cce-ipam/sharded/ipamcore/pool"
+	"github.com/cce-ipam/sharded/ipamcore/psts"
 )
 
 // Config tunes the IPAM. Every replica of a cluster uses the same values.
@@ -19,6 +20,10 @@ type Config struct {
 	ClusterID string
 	// VPCID is the cluster's VPC. Required.
 	VPCID string
+	// CNIMode is the cluster's CNI mode (the reference's --cni-mode): one of
+	// the vpc-secondary-ip modes, or a BBC mode whose BCC nodes are served
+	// alike. Defaults to vpc-secondary-ip-veth.
+	CNIMode string
 	// IdleMin is the number of idle IPs each node keeps ready (at least 1).
 	// Defaults to 2.
 	IdleMin int
@@ -59,6 +64,10 @@ type Config struct {
 	// left alone before it is reclaimed (an ADD between the datastore and
 	// the wep commit is not a leak). Defaults to 10m, as the reference.
 	LeakGrace time.Duration
+	// SubnetAvailableIndex: the first this many addresses of a subnet are
+	// never given to a PSTS pod of an exclusive subnet (network, gateway),
+	// nor is the last. Defaults to 2, as the reference.
+	SubnetAvailableIndex int
 }
 
 // RegisterFlags binds the config to command-line flags with the reference's
@@ -67,6 +76,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ClusterID, "cluster-id", "",
 		"CCE cluster ID; ENIs of the cluster are named <cluster-id>/... (required)")
 	fs.StringVar(&c.VPCID, "vpc-id", "", "VPC of the cluster (required)")
+	fs.StringVar(&c.CNIMode, "cni-mode", CNIModeSecondaryIPVeth, cniModeHelp)
 	fs.IntVar(&c.IdleMin, "idle-ip-pool-min-size", 2, "idle IPs kept ready on each node")
 	fs.IntVar(&c.IdleMax, "idle-ip-pool-max-size", 6, "most idle IPs kept on a node; more are returned to the cloud")
 	fs.IntVar(&c.BatchAdd, "batch-add-ip-num", 4, "IPs requested per cloud call when the pool grows (at most 10)")
@@ -88,6 +98,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 		"how often weps of deleted pods, fixed IPs of deleted or scaled-down StatefulSets and leaked IPs are collected")
 	fs.DurationVar(&c.LeakGrace, "leaked-ip-grace", 10*time.Minute,
 		"how long an assigned IP without a WorkloadEndpoint waits before it is reclaimed")
+	fs.IntVar(&c.SubnetAvailableIndex, "subnet-available-index", psts.DefaultAvailableIndex,
+		"PSTS exclusive subnets: the first this many addresses of a subnet (and its last) are never given to a pod")
 }
 
 // DefaultConfig is the config of a command line without flags (ClusterID and
@@ -116,11 +128,17 @@ func (c Config) Validate() error {
 	if c.VPCID == "" {
 		errs = append(errs, errors.New("VPC ID is required"))
 	}
+	if err := validateCNIMode(c.CNIMode); err != nil {
+		errs = append(errs, err)
+	}
 	if c.SubnetSelection != SubnetMostFreeIP && c.SubnetSelection != SubnetLeastENI {
 		errs = append(errs, fmt.Errorf("subnet selection %q: want %s or %s", c.SubnetSelection, SubnetMostFreeIP, SubnetLeastENI))
 	}
 	if err := c.poolConfig().Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.SubnetAvailableIndex < 0 {
+		errs = append(errs, fmt.Errorf("subnet available index %d: must not be negative", c.SubnetAvailableIndex))
 	}
 	for _, p := range []struct {
 		name string

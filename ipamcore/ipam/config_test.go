@@ -23,12 +23,14 @@ func TestConfig_DefaultsAreTheFlags(t *testing.T) {
 		t.Fatalf("DefaultConfig() = %+v, want the flag defaults %+v", def, flagged)
 	}
 	want := ipam.Config{
+		CNIMode: ipam.CNIModeSecondaryIPVeth,
 		IdleMin: 2, IdleMax: 6, BatchAdd: 4,
 		PoolCheckPeriod: 30 * time.Second, AllocateWait: 10 * time.Second,
 		Cooldown: 5 * time.Second, ReadLag: 5 * time.Second,
 		ENISyncPeriod: 20 * time.Second, LeakedENIAge: 3 * time.Minute,
 		SubnetSelection: ipam.SubnetMostFreeIP,
 		GCPeriod:        120 * time.Second, LeakGrace: 10 * time.Minute,
+		SubnetAvailableIndex: 2, // the reference's --subnet-available-index
 	}
 	if flagged != want {
 		t.Fatalf("flag defaults %+v, want %+v (users' command lines must not change)", flagged, want)
@@ -61,6 +63,10 @@ func TestConfig_Validate_RejectsUnusableValues(t *testing.T) {
 		"zero idle min":          {func(c *ipam.Config) { c.IdleMin = 0 }, "min idle 0"},
 		"max below min":          {func(c *ipam.Config) { c.IdleMax = 1 }, "max idle 1 below min idle 2"},
 		"no subnet selection":    {func(c *ipam.Config) { c.SubnetSelection = "" }, "subnet selection"},
+		"no CNI mode":            {func(c *ipam.Config) { c.CNIMode = "" }, `CNI mode "": want one of`},
+		"vpc-route mode":         {func(c *ipam.Config) { c.CNIMode = "vpc-route-veth" }, "cce-ipam has nothing to serve"},
+		"cross-VPC mode":         {func(c *ipam.Config) { c.CNIMode = "crossvpc-eni" }, "cross-VPC ENIs are not served"},
+		"unknown mode":           {func(c *ipam.Config) { c.CNIMode = "kubenet" }, `CNI mode "kubenet": want one of`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := ipam.DefaultConfig()
@@ -73,5 +79,29 @@ func TestConfig_Validate_RejectsUnusableValues(t *testing.T) {
 				t.Fatalf("New() = %v, want the config refused", err)
 			}
 		})
+	}
+}
+
+// Every vpc-secondary-ip mode and its BBC variant is accepted: the datapath
+// suffix is the node agent's business, not the IPAM's.
+func TestConfig_Validate_AcceptsSecondaryIPModes(t *testing.T) {
+	for _, mode := range []string{
+		"vpc-secondary-ip-veth", "vpc-secondary-ip-ipvlan", "vpc-secondary-ip-auto-detect",
+		"bbc-vpc-secondary-ip-veth", "bbc-vpc-secondary-ip-ipvlan", "bbc-vpc-secondary-ip-auto-detect",
+	} {
+		c := ipam.DefaultConfig()
+		c.ClusterID, c.VPCID, c.CNIMode = "c", "vpc", mode
+		if err := c.Validate(); err != nil {
+			t.Errorf("Validate() with --cni-mode=%s = %v, want accepted", mode, err)
+		}
+		if got, want := ipam.CNIModeServesBBC(mode), strings.HasPrefix(mode, "bbc-"); got != want {
+			t.Errorf("CNIModeServesBBC(%s) = %v, want %v", mode, got, want)
+		}
+	}
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	var c ipam.Config
+	c.RegisterFlags(fs)
+	if err := fs.Parse([]string{"--cni-mode=vpc-secondary-ip-ipvlan"}); err != nil || c.CNIMode != "vpc-secondary-ip-ipvlan" {
+		t.Fatalf("--cni-mode=vpc-secondary-ip-ipvlan parsed to %q, %v", c.CNIMode, err)
 	}
 }

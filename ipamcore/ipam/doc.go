@@ -45,6 +45,13 @@
 // same pod are serialised by a per-pod lock; different pods never wait on
 // each other, and no lock is held across a cloud call.
 //
+// A running pod's status.podIP is a claim of its own (podipguard.go): an
+// address a running pod uses with no wep giving it is held, never handed
+// out, until the pod is gone. The GC (gc.go) frees what deleted pods and
+// StatefulSets leave, deletes from the cloud every address of a served ENI
+// that no wep names and no running pod uses once it stays so for the leak
+// grace (leaked.go), and repairs weps naming the wrong ENI (repair.go).
+//
 // REQUESTS.md lists the API-server requests each CNI call makes, why each is
 // there, and what a removal would need; requests_test.go and
 // requests_integration_test.go pin them.

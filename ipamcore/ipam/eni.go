@@ -28,31 +28,38 @@ const (
 	attachTimeout = 50 * time.Second
 )
 
-// createENI creates an ENI for the node in the subnet of its IPPool with the
-// most free IPs, attaches it and records it. It runs on the node's pool
-// worker, so a node never creates two ENIs at once. On failure the ENI is
-// deleted again, so nothing leaks, and the node gets a Warning event.
+// createENI creates an ENI for the node in a subnet of its top-priority
+// IPPools (eniplan.go) chosen by the configured policy, attaches it and
+// records it. At most one creation runs per node (beginENI), on the pool
+// worker or on an ahead-of-demand goroutine of the ENI sync (eniahead.go).
+// On failure the ENI is deleted again, so nothing leaks, and the node gets
+// a Warning event.
 func (i *IPAM) createENI(ctx context.Context, n *node) error {
 	k8sNode, err := i.nodes.Get(n.name)
 	if err != nil {
 		return fmt.Errorf("get node: %w", err)
 	}
-	subnets, groups, err := i.eniPlacement(ctx, n)
+	pl, err := i.eniPlacement(ctx, n, k8sNode)
 	if err != nil {
 		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "%v", err)
+		i.log.Warn("no placement for a new ENI", "node", n.name, "err", err)
 		return err
 	}
-	subnet, err := i.chooseSubnet(ctx, n, subnets)
+	subnet, err := i.chooseSubnet(ctx, n, pl.Subnets)
 	if err != nil {
 		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "%v", err)
+		i.log.Warn("no subnet with free IPs for a new ENI", "node", n.name, "err", err)
 		return err
 	}
 	suffix := make([]byte, 3)
 	_, _ = rand.Read(suffix)
 	name := fmt.Sprintf("%s/%s/%s/%s", i.cfg.ClusterID, n.instanceID, n.name, hex.EncodeToString(suffix))
 	eniID, err := i.deps.Cloud.CreateENI(ctx, cloud.CreateENIRequest{
-		Name: name, SubnetID: subnet.ID, SecurityGroupIDs: groups,
-		Description: "auto created by cce-ipam, do not modify",
+		Name:                       name,
+		SubnetID:                   subnet.ID,
+		SecurityGroupIDs:           pl.SecurityGroups,
+		EnterpriseSecurityGroupIDs: pl.EnterpriseGroups,
+		Description:                "auto created by cce-ipam, do not modify",
 	})
 	if err != nil {
 		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "create ENI in %s: %v", subnet.ID, err)
@@ -81,27 +88,6 @@ func (i *IPAM) createENI(ctx context.Context, n *node) error {
 	return nil
 }
 
-// eniPlacement returns the candidate subnets and security groups of a new ENI:
-// from the node's IPPool (written by the node agent); without one, those of
-// the node's existing ENIs.
-func (i *IPAM) eniPlacement(ctx context.Context, n *node) ([]string, []string, error) {
-	pool, err := i.deps.CCE.CceV1alpha1().IPPools(cce.IPPoolNamespace).Get(ctx, cce.IPPoolName(n.name), metav1.GetOptions{})
-	if err == nil && len(pool.Spec.ENI.Subnets) > 0 && len(pool.Spec.ENI.SecurityGroups) > 0 {
-		return pool.Spec.ENI.Subnets, pool.Spec.ENI.SecurityGroups, nil
-	}
-	if err != nil && !apierrors.IsNotFound(err) {
-		return nil, nil, fmt.Errorf("get IPPool: %w", err)
-	}
-	for _, e := range i.nodeENIs(n.name) {
-		got, err := i.deps.Cloud.GetENI(ctx, e.ID)
-		if err == nil && len(got.SecurityGroupIDs) > 0 {
-			return []string{got.SubnetID}, got.SecurityGroupIDs, nil
-		}
-	}
-	return nil, nil, fmt.Errorf("node %s has no IPPool %s with subnets and security groups, and no ENI to copy them from",
-		n.name, cce.IPPoolName(n.name))
-}
-
 // Subnet selection policies for new ENIs.
 const (
 	// SubnetMostFreeIP picks the candidate subnet with the most free IPs.
@@ -111,20 +97,17 @@ const (
 	SubnetLeastENI = "LeastENI"
 )
 
-// chooseSubnet picks a subnet with free IPs by the configured policy.
-// Subnets marked exhausted are skipped without asking the cloud.
+// chooseSubnet picks a subnet with free IPs by the configured policy among
+// the placement's (already stripped of exclusive, disabled and exhausted
+// ones); the cloud's DescribeSubnet has the last word on free IPs.
 func (i *IPAM) chooseSubnet(ctx context.Context, n *node, ids []string) (*cloud.Subnet, error) {
 	perSubnet := map[string]int{}
 	for _, e := range i.nodeENIs(n.name) {
 		perSubnet[e.SubnetID]++
 	}
-	exhausted := i.exhaustedSubnets()
 	var best *cloud.Subnet
 	var errs []error
 	for _, id := range ids {
-		if exhausted[id] {
-			continue
-		}
 		s, err := i.deps.Cloud.DescribeSubnet(ctx, id)
 		if err != nil {
 			errs = append(errs, err)
@@ -144,8 +127,11 @@ func (i *IPAM) chooseSubnet(ctx context.Context, n *node, ids []string) (*cloud.
 			best = s
 		}
 	}
-	if best == nil {
+	switch {
+	case best == nil && len(errs) > 0:
 		return nil, fmt.Errorf("no subnet of %v has a free IP for a new ENI: %w", ids, errors.Join(errs...))
+	case best == nil:
+		return nil, fmt.Errorf("no subnet of %v has a free IP for a new ENI", ids)
 	}
 	return best, nil
 }
@@ -260,6 +246,12 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 	now := i.deps.Clock.Now()
 	for _, name := range servedNodes {
 		i.syncNode(ctx, name, byInstance)
+	}
+	i.mu.Lock()
+	run := i.runCtx
+	i.mu.Unlock()
+	if run != nil {
+		i.createENIsAhead(run, servedNodes, enis)
 	}
 	// Leaked: ours, unattached, older than LeakedENIAge, for a served node
 	// (its creator crashed between create and attach) or, on the leader,

@@ -1,6 +1,9 @@
 package ipam
 
-import "github.com/cce-ipam/sharded/ipamcore/datastore"
+import (
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/datastore"
+)
 
 // StoreForTest gives the external tests the datastore, to check an address's
 // record and the store's invariants after a path ran.
@@ -12,3 +15,14 @@ func (i *IPAM) StatefulSetCachedForTest(namespace, name string) bool {
 	_, err := i.statefulSets.StatefulSets(namespace).Get(name)
 	return err == nil
 }
+
+// ENICreatingForTest reports whether an ENI creation runs for the node, for
+// tests that check a sync started none.
+func (i *IPAM) ENICreatingForTest(node string) bool {
+	n, ok := i.node(node)
+	return ok && n.eniCreating()
+}
+
+// SubnetCachedForTest returns the IPAM's cached Subnet resource (nil when
+// the cache lacks it), for tests that wait for it to see a change.
+func (i *IPAM) SubnetCachedForTest(id string) *cce.Subnet { return i.subnetCR(id) }

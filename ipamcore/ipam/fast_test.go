@@ -260,8 +260,9 @@ func TestFast_GC_WEPOfDeletedPodIsReleased(t *testing.T) {
 	w.verify()
 }
 
-// An assigned IP that no wep names (an ADD that died between the datastore
-// and the commit) is reclaimed only after LeakGrace, seen on two passes.
+// An assigned IP that no wep names and no running pod uses (an ADD that
+// died between the datastore and the commit) is deleted from the cloud only
+// after LeakGrace, seen on two passes.
 func TestFast_GC_LeakedIPReclaimedAfterGrace(t *testing.T) {
 	t.Parallel()
 	w := newFastWorld(t, fastConfig())
@@ -277,10 +278,14 @@ func TestFast_GC_LeakedIPReclaimedAfterGrace(t *testing.T) {
 	if rec := w.record(ep.IP); rec.State != datastore.StateAssigned {
 		t.Fatalf("IP reclaimed within its grace: %+v", rec)
 	}
+	eniID := w.record(ep.IP).ENIID
 	w.clock.Step(fastConfig().LeakGrace / 2)
 	w.ipam.CollectGarbage(w.ctx)
-	if rec := w.record(ep.IP); rec.State != datastore.StateIdle {
-		t.Fatalf("IP without a wep after the grace: %+v, want idle", rec)
+	if rec, err := w.ipam.StoreForTest().LookupIP(netipOf(ep.IP)); err == nil {
+		t.Fatalf("IP without a wep after the grace: %+v, want deleted", rec)
+	}
+	if w.cloudHas(eniID, ep.IP) {
+		t.Fatalf("leaked %s still on %s in the cloud", ep.IP, eniID)
 	}
 	w.verify()
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cce-ipam/sharded/cloud"
@@ -33,6 +34,16 @@ func TestIPAM_SubnetExhausted(t *testing.T) {
 		c.AllocateWait = 2 * time.Second
 		c.PoolCheckPeriod = 200 * time.Millisecond
 	}), world{subnetCIDR: "10.3.0.0/28", annotateMaxIPs: true})
+	// The Subnet resource, as the (leader's) Subnet controller keeps it:
+	// the cloud's "no more IP" must be declared on it.
+	const subnetID = "sbn-sx"
+	subnets := e.cce.CceV1alpha1().Subnets(cce.SubnetNamespace)
+	if _, err := subnets.Create(e.ctx, &cce.Subnet{ObjectMeta: metav1.ObjectMeta{Name: subnetID},
+		Spec:   cce.SubnetSpec{ID: subnetID, CIDR: "10.3.0.0/28"},
+		Status: cce.SubnetStatus{Enable: true, AvailableIPNum: 10}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = subnets.Delete(context.Background(), subnetID, metav1.DeleteOptions{}) })
 	pods := e.createPods("p", 8)
 	ok, failed := 0, 0
 	var lastErr error
@@ -47,7 +58,10 @@ func TestIPAM_SubnetExhausted(t *testing.T) {
 	if failed == 0 || ok == 0 {
 		t.Fatalf("%d allocations ok, %d failed; want both (the subnet holds about 10)", ok, failed)
 	}
-	if !strings.Contains(lastErr.Error(), "subnet_has_no_more_ip") && !strings.Contains(lastErr.Error(), "no more") {
+	// The cloud's own error, or, once the Subnet is marked, the ENI planner's
+	// refusal naming it.
+	if msg := lastErr.Error(); !strings.Contains(msg, "subnet_has_no_more_ip") && !strings.Contains(msg, "no more") &&
+		!strings.Contains(msg, subnetID+" exhausted") {
 		t.Fatalf("failure %q does not name the exhausted subnet", lastErr)
 	}
 	weps, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).List(e.ctx, metav1.ListOptions{})
@@ -69,6 +83,16 @@ func TestIPAM_SubnetExhausted(t *testing.T) {
 	if assigned != ok {
 		t.Fatalf("datastore has %d assigned for %d allocations", assigned, ok)
 	}
+	// The cloud's refusal is declared on the Subnet, with a Warning on it.
+	eventually(t, 10*time.Second, "the Subnet marked hasNoMoreIP with a SubnetExhausted Warning", func() bool {
+		sn, err := subnets.Get(e.ctx, subnetID, metav1.GetOptions{})
+		if err != nil || !sn.Status.HasNoMoreIP {
+			return false
+		}
+		evs, err := e.kube.CoreV1().Events(cce.SubnetNamespace).List(e.ctx, metav1.ListOptions{
+			FieldSelector: "reason=SubnetExhausted,involvedObject.name=" + subnetID})
+		return err == nil && len(evs.Items) > 0 && evs.Items[0].Type == corev1.EventTypeWarning
+	})
 	e.checkNoLeak()
 }
 

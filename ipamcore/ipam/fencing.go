@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -10,9 +11,11 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 )
 
 // Fencing tokens on weps. Every wep a replica writes
@@ -128,6 +131,82 @@ func (i *IPAM) deleteWEP(ctx context.Context, wep *cce.WorkloadEndpoint) error {
 		return fmt.Errorf("delete WorkloadEndpoint: %w", err)
 	}
 	return nil
+}
+
+// deleteKnownWEP is deleteWEP for a wep this replica knows (known.go), with
+// the same two writes and no read: a merge patch that drops our finalizer and
+// stamps the token, carrying the known resourceVersion (the API server
+// refuses it with Conflict if the wep changed since: the caller then reads
+// it), then the delete preconditioned on the patch's result. The patch is an
+// UPDATE to admission, so the fencing policy checks it as it does the update.
+func (i *IPAM) deleteKnownWEP(ctx context.Context, ref podip.PodRef, rec knownWEP, tok *FenceToken, until time.Time) error {
+	ctx, cancel := fencedContext(ctx, until)
+	defer cancel()
+	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace)
+	rv, uid := rec.rv, rec.uid
+	if tok != nil || slices.Contains(rec.finalizers, cce.WorkloadEndpointFinalizer) {
+		rest := slices.DeleteFunc(slices.Clone(rec.finalizers), func(f string) bool { return f == cce.WorkloadEndpointFinalizer })
+		w, err := client.Patch(ctx, ref.Name, types.MergePatchType, knownPatch(rec.rv, tok, rest, nil), metav1.PatchOptions{})
+		if err != nil {
+			return err
+		}
+		rv, uid = w.ResourceVersion, w.UID
+	}
+	err := client.Delete(ctx, ref.Name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv},
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete WorkloadEndpoint: %w", err)
+	}
+	return nil
+}
+
+// stampKnownWEP is keepOnRelease for a fixed-IP wep this replica knows: one
+// merge patch that stamps UpdateAt and the token, carrying the known
+// resourceVersion. It returns the wep as written.
+func (i *IPAM) stampKnownWEP(ctx context.Context, ref podip.PodRef, rec knownWEP, tok *FenceToken,
+	until time.Time) (*cce.WorkloadEndpoint, error) {
+	ctx, cancel := fencedContext(ctx, until)
+	defer cancel()
+	now := metav1.NewTime(i.deps.Clock.Now())
+	return i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Patch(ctx, ref.Name, types.MergePatchType,
+		knownPatch(rec.rv, tok, nil, &now), metav1.PatchOptions{})
+}
+
+// knownPatch is a JSON merge patch (RFC 7386) carrying resourceVersion rv as
+// its precondition: the token's label and annotations when tok is set, the
+// finalizers when finalizers is not nil (an empty list removes them all),
+// spec.updateAt when updateAt is set.
+func knownPatch(rv string, tok *FenceToken, finalizers []string, updateAt *metav1.Time) []byte {
+	type meta struct {
+		ResourceVersion string            `json:"resourceVersion"`
+		Labels          map[string]string `json:"labels,omitempty"`
+		Annotations     map[string]string `json:"annotations,omitempty"`
+		Finalizers      *[]string         `json:"finalizers,omitempty"`
+	}
+	type spec struct {
+		UpdateAt *metav1.Time `json:"updateAt,omitempty"`
+	}
+	p := struct {
+		Metadata meta  `json:"metadata"`
+		Spec     *spec `json:"spec,omitempty"`
+	}{Metadata: meta{ResourceVersion: rv}}
+	if tok != nil {
+		var w cce.WorkloadEndpoint
+		tok.Stamp(&w)
+		p.Metadata.Labels, p.Metadata.Annotations = w.Labels, w.Annotations
+	}
+	if finalizers != nil {
+		p.Metadata.Finalizers = &finalizers
+	}
+	if updateAt != nil {
+		p.Spec = &spec{UpdateAt: updateAt}
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		panic(fmt.Sprintf("marshal a wep patch: %v", err)) // plain strings and a time: cannot fail
+	}
+	return b
 }
 
 // ProbeFence asks the API server whether its fencing policy already refuses

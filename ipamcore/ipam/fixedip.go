@@ -35,15 +35,24 @@ func isFixedIPPod(pod *corev1.Pod) bool {
 // on this node: from the datastore if the address is already here, else by
 // deleting it from its old ENI and adding the same address to an ENI of this
 // node in the same subnet. ok=false means the pod has no usable reservation
-// and gets an ordinary IP (in the reserved subnet, if there is one).
-func (i *IPAM) takeFixedIP(ctx context.Context, n *node, owner datastore.Owner) (info datastore.IPInfo, subnet string, ok bool, err error) {
-	wep, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(owner.Namespace).Get(ctx, owner.Name, metav1.GetOptions{})
+// and gets an ordinary IP (in the reserved subnet, if there is one). wep is
+// the pod's wep as read (nil: none), which the commit replaces.
+func (i *IPAM) takeFixedIP(ctx context.Context, n *node, owner datastore.Owner) (info datastore.IPInfo, subnet string, ok bool,
+	wep *cce.WorkloadEndpoint, err error) {
+	wep, err = i.deps.CCE.CceV1alpha1().WorkloadEndpoints(owner.Namespace).Get(ctx, owner.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return datastore.IPInfo{}, "", false, nil
+		return datastore.IPInfo{}, "", false, nil, nil
 	}
 	if err != nil {
-		return datastore.IPInfo{}, "", false, fmt.Errorf("get WorkloadEndpoint: %w", err)
+		return datastore.IPInfo{}, "", false, nil, fmt.Errorf("get WorkloadEndpoint: %w", err)
 	}
+	info, subnet, ok, err = i.takeReservedIP(ctx, n, owner, wep)
+	return info, subnet, ok, wep, err
+}
+
+// takeReservedIP is takeFixedIP once the pod's wep is read.
+func (i *IPAM) takeReservedIP(ctx context.Context, n *node, owner datastore.Owner,
+	wep *cce.WorkloadEndpoint) (info datastore.IPInfo, subnet string, ok bool, err error) {
 	addr, perr := netip.ParseAddr(wep.Spec.IP)
 	if perr != nil || !wep.IsFixedStatefulSet() {
 		return datastore.IPInfo{}, "", false, nil
@@ -176,8 +185,23 @@ func (i *IPAM) FreeMovedIP(ctx context.Context, node, namespace, name string, ad
 		Namespace: namespace,
 		Name:      name,
 	}
+	if err := i.dropAddress(ctx, n, pod, addr, eniID); err != nil {
+		return err
+	}
+	i.log.Info("fixed IP left the node for the pod's new node", "node", n.name, "ip", addr, "eni", eniID,
+		"pod", pod.String())
+	return nil
+}
+
+// dropAddress takes an address of pod out of a served node's pool (it must
+// not be assigned to another pod), deletes it from the cloud under the
+// node's fence, and forgets it. Safe to repeat: an address already gone from
+// the datastore or the cloud is done. On a cloud failure the address stays
+// held, unsettled, for the ENI sync to settle.
+func (i *IPAM) dropAddress(ctx context.Context, n *node, pod datastore.PodKey, addr netip.Addr, eniID string) error {
 	held := false
-	switch _, err := i.store.Surrender(n.name, addr, pod); {
+	info, err := i.store.Surrender(n.name, addr, pod)
+	switch {
 	case err == nil:
 		held = true
 	case errors.Is(err, datastore.ErrUnknownIP):
@@ -188,19 +212,21 @@ func (i *IPAM) FreeMovedIP(ctx context.Context, node, namespace, name string, ad
 	}
 	err = i.deps.Cloud.DeletePrivateIP(i.forNode(ctx, n.name), eniID, addr.String())
 	if err != nil && !errors.Is(err, cloud.ErrPrivateIPNotFound) && !errors.Is(err, cloud.ErrENINotFound) {
-		// Still held: the ENI sync settles it, and the pod's retried ADD
-		// tries the move again.
-		if held {
+		switch {
+		case held && info.CrossSubnet:
+			// It can never be idle, so a read cannot settle it back into
+			// the pool: forget it. The ENI sync finds it on the ENI and
+			// gives it back to the wep that names it, or deletes it.
+			_, _ = i.store.RemoveIP(n.name, addr)
+		case held:
 			_ = i.store.Unsettle(n.name, addr)
 		}
-		return fmt.Errorf("delete fixed IP %s from %s: %w", addr, eniID, err)
+		return fmt.Errorf("delete %s from %s: %w", addr, eniID, err)
 	}
 	if held {
 		if _, err := i.store.RemoveIP(n.name, addr); err != nil {
-			i.log.Error("could not forget a moved fixed IP", "node", n.name, "ip", addr, "err", err)
+			i.log.Error("could not forget a deleted address", "node", n.name, "ip", addr, "err", err)
 		}
 	}
-	i.log.Info("fixed IP left the node for the pod's new node", "node", n.name, "ip", addr, "eni", eniID,
-		"pod", pod.String())
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/netip"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -51,6 +50,7 @@ func (i *IPAM) CollectGarbage(ctx context.Context) {
 		}
 	}
 	named := map[netip.Addr]datastore.PodKey{} // IPs that a wep of a served node names
+	claimed := map[netip.Addr]wepClaim{}       // IPs that any wep names, and which
 	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll)
 	opts := metav1.ListOptions{Limit: gcListPage}
 	for {
@@ -61,6 +61,11 @@ func (i *IPAM) CollectGarbage(ctx context.Context) {
 		}
 		for k := range page.Items {
 			w := &page.Items[k]
+			if addr, err := netip.ParseAddr(w.Spec.IP); err == nil {
+				claimed[addr.Unmap()] = wepClaim{node: w.Spec.Node, owner: datastore.Owner{
+					Namespace: w.Namespace, Name: w.Name, ContainerID: w.Spec.ContainerID,
+				}}
+			}
 			switch {
 			case synced[w.Spec.Node]:
 				if addr, err := netip.ParseAddr(w.Spec.IP); err == nil {
@@ -85,7 +90,7 @@ func (i *IPAM) CollectGarbage(ctx context.Context) {
 		}
 		opts.Continue = page.Continue
 	}
-	i.collectLeakedIPs(ctx, named, synced)
+	i.collectLeakedIPs(ctx, named, claimed, synced)
 	i.releaseGhostHolds(named)
 	// Pools of deleted nodes belong to no shard either.
 	if leader {
@@ -112,6 +117,9 @@ func (i *IPAM) collectServedWEP(ctx context.Context, w *cce.WorkloadEndpoint) {
 	}
 	switch kind, ok := i.wepGarbage(ctx, w); {
 	case !ok:
+		i.repairWEP(ctx, w)
+	case w.Spec.SubnetTopologyReference != "":
+		i.collectPSTS(ctx, w, kind)
 	case kind == gcDeletedStatefulSet, kind == gcScaledDown:
 		i.freeFixed(ctx, w, kind)
 	case kind == gcLeakedPod:
@@ -138,29 +146,14 @@ func (i *IPAM) nodeEvent(nodeName, reason, format string, args ...any) {
 // wepGarbage decides whether a wep of a served node is garbage, and why. It
 // confirms with the API server before saying yes: the cache may lag.
 func (i *IPAM) wepGarbage(ctx context.Context, w *cce.WorkloadEndpoint) (string, bool) {
+	if w.Spec.SubnetTopologyReference != "" {
+		return i.pstsGarbage(ctx, w)
+	}
 	if w.IsFixedStatefulSet() {
 		if w.Spec.FixIPDeletePolicy == cce.FixIPDeletePolicyNever {
 			return "", false
 		}
-		name, ordinal, ok := cce.StatefulSetName(w.Name)
-		if !ok {
-			return "", false
-		}
-		// The cache answers; only a verdict of garbage (gone, or scaled
-		// below this ordinal) is confirmed with the API server.
-		sts, err := i.statefulSets.StatefulSets(w.Namespace).Get(name)
-		if apierrors.IsNotFound(err) || (err == nil && sts.Spec.Replicas != nil && int32(ordinal) >= *sts.Spec.Replicas) {
-			sts, err = i.deps.Kube.AppsV1().StatefulSets(w.Namespace).Get(ctx, name, metav1.GetOptions{})
-		}
-		switch {
-		case apierrors.IsNotFound(err):
-			return gcDeletedStatefulSet, true
-		case err != nil:
-			return "", false
-		case sts.Spec.Replicas != nil && int32(ordinal) >= *sts.Spec.Replicas && !i.podExists(ctx, w.Namespace, w.Name):
-			return gcScaledDown, true
-		}
-		return "", false
+		return i.fixedGarbage(ctx, w)
 	}
 	if _, ok := i.cachedPod(w.Spec.Node, w.Namespace, w.Name); ok {
 		return "", false
@@ -169,6 +162,30 @@ func (i *IPAM) wepGarbage(ctx context.Context, w *cce.WorkloadEndpoint) (string,
 		return "", false
 	}
 	return gcLeakedPod, true
+}
+
+// fixedGarbage: a fixed wep whose StatefulSet is gone, or scaled below the
+// pod's ordinal while the pod is gone.
+func (i *IPAM) fixedGarbage(ctx context.Context, w *cce.WorkloadEndpoint) (string, bool) {
+	name, ordinal, ok := cce.StatefulSetName(w.Name)
+	if !ok {
+		return "", false
+	}
+	// The cache answers; only a verdict of garbage (gone, or scaled
+	// below this ordinal) is confirmed with the API server.
+	sts, err := i.statefulSets.StatefulSets(w.Namespace).Get(name)
+	if apierrors.IsNotFound(err) || (err == nil && sts.Spec.Replicas != nil && int32(ordinal) >= *sts.Spec.Replicas) {
+		sts, err = i.deps.Kube.AppsV1().StatefulSets(w.Namespace).Get(ctx, name, metav1.GetOptions{})
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+		return gcDeletedStatefulSet, true
+	case err != nil:
+		return "", false
+	case sts.Spec.Replicas != nil && int32(ordinal) >= *sts.Spec.Replicas && !i.podExists(ctx, w.Namespace, w.Name):
+		return gcScaledDown, true
+	}
+	return "", false
 }
 
 // deletedNodeDuty says whether this replica sweeps the weps of a node that
@@ -186,7 +203,15 @@ func (i *IPAM) deletedNodeDuty(node string, leader bool) bool {
 // removes those). Fixed-IP weps stay: the pod's next incarnation takes the
 // address to its new node.
 func (i *IPAM) collectOnDeletedNode(ctx context.Context, w *cce.WorkloadEndpoint) {
-	if w.IsFixedStatefulSet() || !i.nodeGone(ctx, w.Spec.Node) {
+	if w.Spec.SubnetTopologyReference != "" && (w.IsFixedStatefulSet() || w.IsCustomReuse()) {
+		// A kept PSTS address outlives its node like a fixed IP, until its
+		// TTL or its PSTS ends it.
+		if kind, ok := i.pstsGarbage(ctx, w); ok && i.nodeGone(ctx, w.Spec.Node) {
+			i.collectPSTS(ctx, w, kind)
+		}
+		return
+	}
+	if w.IsFixedStatefulSet() || w.IsCustomReuse() || !i.nodeGone(ctx, w.Spec.Node) {
 		return
 	}
 	if kind, ok := i.wepGarbage(ctx, w); !ok || kind != gcLeakedPod {
@@ -216,9 +241,12 @@ func (i *IPAM) freeLeakedPod(ctx context.Context, w *cce.WorkloadEndpoint) {
 		return
 	}
 	if addr, err := netip.ParseAddr(w.Spec.IP); err == nil {
-		if _, err := i.store.Release(w.Spec.Node, addr, w.Spec.ContainerID, i.deps.Clock.Now()); err != nil &&
-			!errors.Is(err, datastore.ErrUnknownIP) && !errors.Is(err, datastore.ErrNotAssigned) {
+		rel, err := i.store.Release(w.Spec.Node, addr, w.Spec.ContainerID, i.deps.Clock.Now())
+		if err != nil && !errors.Is(err, datastore.ErrUnknownIP) && !errors.Is(err, datastore.ErrNotAssigned) {
 			i.log.Warn("gc: free IP of leaked pod", "ip", addr, "err", err)
+		}
+		if n, ok := i.node(w.Spec.Node); ok && err == nil && rel.Removed {
+			n.queueReturn(addr, rel.Info.ENIID)
 		}
 	}
 	i.metrics.gcActions.WithLabelValues(gcLeakedPod).Inc()
@@ -258,73 +286,6 @@ func (i *IPAM) freeFixed(ctx context.Context, w *cce.WorkloadEndpoint, kind stri
 	i.metrics.gcActions.WithLabelValues(kind).Inc()
 	i.nodeEvent(w.Spec.Node, "ReleasedFixedIP", "released fixed IP %s of %s/%s (%s)", addr, w.Namespace, w.Name, kind)
 	i.log.Info("gc: released a fixed IP", "reason", kind, "wep", w.Namespace+"/"+w.Name, "ip", addr)
-}
-
-// collectLeakedIPs frees assigned IPs of served nodes that no wep names, once
-// they have been seen so for LeakGrace (an ADD between the datastore and the
-// wep commit is not a leak). Suspects and their age are exported as gauges.
-func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datastore.PodKey, nodes map[string]bool) {
-	now := i.deps.Clock.Now()
-	seen := map[netip.Addr]bool{}
-	var oldest time.Duration
-	for nodeName := range nodes {
-		// Per node, as in-flight work of the node (see collectServedWEP).
-		ctx, _, done, ok := i.acquireWork(ctx, nodeName)
-		if !ok {
-			continue
-		}
-		oldest = max(oldest, i.collectLeakedIPsOf(ctx, nodeName, named, now, seen))
-		done()
-	}
-	for a := range i.leakSuspects {
-		if !seen[a] {
-			delete(i.leakSuspects, a)
-		}
-	}
-	i.metrics.leakSuspects.Set(float64(len(i.leakSuspects)))
-	i.metrics.leakOldest.Set(oldest.Seconds())
-}
-
-// collectLeakedIPsOf is collectLeakedIPs for one node; it returns the age of
-// its oldest suspect still in its grace period.
-func (i *IPAM) collectLeakedIPsOf(ctx context.Context, nodeName string, named map[netip.Addr]datastore.PodKey, now time.Time,
-	seen map[netip.Addr]bool) (oldest time.Duration) {
-	if i.mayAct(nodeName) != nil {
-		return 0
-	}
-	snap, err := i.store.Snapshot(nodeName)
-	if err != nil {
-		return 0
-	}
-	for _, e := range snap.ENIs {
-		for _, ip := range e.IPs {
-			if ip.State != datastore.StateAssigned || named[ip.Addr] == ip.Owner.Pod() {
-				continue
-			}
-			if i.wepNames(ctx, ip) {
-				continue
-			}
-			seen[ip.Addr] = true
-			first, ok := i.leakSuspects[ip.Addr]
-			if !ok {
-				i.leakSuspects[ip.Addr] = now
-				continue
-			}
-			if age := now.Sub(first); age < i.cfg.LeakGrace {
-				oldest = max(oldest, age)
-				continue
-			}
-			if _, err := i.store.Release(nodeName, ip.Addr, ip.Owner.ContainerID, now); err == nil {
-				delete(i.leakSuspects, ip.Addr)
-				delete(seen, ip.Addr)
-				i.metrics.gcActions.WithLabelValues(gcLeakedIP).Inc()
-				i.nodeEvent(nodeName, "ReclaimedLeakedIP", "reclaimed %s, assigned to %s without a WorkloadEndpoint for %s",
-					ip.Addr, ip.Owner, i.cfg.LeakGrace)
-				i.log.Info("gc: reclaimed a leaked IP", "node", nodeName, "ip", ip.Addr, "owner", ip.Owner.String())
-			}
-		}
-	}
-	return oldest
 }
 
 // collectLeakedIPPools deletes the IPPools the node agent wrote (creation

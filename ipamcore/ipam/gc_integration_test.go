@@ -175,13 +175,13 @@ func TestIPAM_FixedIPStatefulSet(t *testing.T) {
 // GC releases the IP of a pod deleted without a CNI DEL, and reclaims an
 // assigned IP whose wep vanished, only after the grace period.
 func TestIPAM_GC_LeakedPodAndLeakedIP(t *testing.T) {
-	e := newEnv(t, "gc", 1, testConfig(func(c *ipam.Config) {
+	e := newEnvIn(t, "gc", 1, testConfig(func(c *ipam.Config) {
 		c.IdleMin = 1
 		c.IdleMax = 10
 		c.PoolCheckPeriod = 200 * time.Millisecond
 		c.GCPeriod = time.Hour
 		c.LeakGrace = 2 * time.Second
-	}))
+	}), ownAddresses("10.61.0.0/20"))
 	pods := e.createPods("p", 3)
 	replies := e.allocateAll(pods, 3)
 	if len(replies) != 3 {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -24,6 +26,7 @@ import (
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
+	ccescheme "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned/scheme"
 	cceinformers "github.com/cce-ipam/sharded/ipamcore/generated/informers/externalversions"
 	ccelisters "github.com/cce-ipam/sharded/ipamcore/generated/listers/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/podip"
@@ -49,6 +52,11 @@ type Deps struct {
 	// node is served by another replica (the shard router forwards the
 	// call to the node's owner). Nil: a single replica serving every node.
 	FixedIPMover FixedIPMover
+	// Claims, when set, is the exclusive-subnet address ledger that PSTS
+	// pods of the Fixed, Manual and Custom strategies take their addresses
+	// through (PSTS.md, I7). Without it those strategies are refused;
+	// Elastic needs none.
+	Claims ClaimLedger
 	// WatchKube, when set, carries the served nodes' pod watches (one per
 	// node), so that starting them on a takeover does not spend the CNI
 	// path's client-side rate limit. Default: Kube.
@@ -83,16 +91,20 @@ type IPAM struct {
 	metrics *metrics
 	store   *datastore.Store
 	podLock keyedMutex
+	known   *knownWEPs // the weps this replica wrote last, for the CNI path (known.go)
 
 	kubeInformers informers.SharedInformerFactory
 	cceInformers  cceinformers.SharedInformerFactory
 	nodes         corelisters.NodeLister
 	statefulSets  appslisters.StatefulSetLister
 	subnets       ccelisters.SubnetLister
+	spreads       ccelisters.PodSubnetTopologySpreadLister
 
 	gcMu         sync.Mutex
 	leakSuspects map[netip.Addr]time.Time // first seen assigned without a wep
 	ghostHeld    map[netip.Addr]string    // address → node, held for a ghost wep (ghost.go); under gcMu
+
+	wepSel wepSelector // whether the wep CRD has the spec.node selectable field (wepselect.go)
 
 	broadcaster record.EventBroadcaster
 	events      record.EventRecorder
@@ -122,6 +134,10 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if CNIModeServesBBC(cfg.CNIMode) {
+		log.Warn("BBC CNI mode: BCC nodes are served, BBC pods' requests are refused as an unsupported IP type",
+			"cniMode", cfg.CNIMode)
+	}
 	store, err := datastore.New(datastore.Config{Cooldown: cfg.Cooldown})
 	if err != nil {
 		return nil, err
@@ -133,6 +149,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 		log:     log,
 		metrics: newMetrics(reg),
 		store:   store,
+		known:   newKnownWEPs(),
 		ready:   make(chan struct{}),
 		served:  map[string]*node{},
 
@@ -144,7 +161,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 		}
 	}
 	i.broadcaster = record.NewBroadcaster(record.WithContext(context.Background()))
-	i.events = i.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "cce-ipam"})
+	i.events = i.broadcaster.NewRecorder(eventScheme, corev1.EventSource{Component: "cce-ipam"})
 	// No periodic resync: every decision re-reads what it needs, and the
 	// pool workers have their own ticker. Cluster-wide informers only for
 	// what every replica needs whole (nodes for the ring, StatefulSets and
@@ -156,6 +173,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 	i.nodes = i.kubeInformers.Core().V1().Nodes().Lister()
 	i.statefulSets = i.kubeInformers.Apps().V1().StatefulSets().Lister()
 	i.subnets = i.cceInformers.Cce().V1alpha1().Subnets().Lister()
+	i.spreads = i.cceInformers.Cce().V1alpha1().PodSubnetTopologySpreads().Lister()
 	return i, nil
 }
 
@@ -307,7 +325,9 @@ func (i *IPAM) takeoverReads(ctx context.Context, todo []string) (map[string][]c
 	}()
 	// The weps likewise: for many nodes one read of them all, rather than
 	// a server-side scan per node.
-	if len(todo) >= bulkRebuildNodes {
+	// Without the spec.node field selector (a reference CRD) a per-node
+	// read is a full scan too: then any takeover of several nodes reads once.
+	if len(todo) >= bulkRebuildNodes || (len(todo) > 1 && i.wepSel.unsupported(i.deps.Clock.Now())) {
 		set := make(map[string]bool, len(todo))
 		for _, name := range todo {
 			set[name] = true
@@ -417,6 +437,7 @@ func (i *IPAM) StopServingNode(name string) {
 	<-n.done
 	n.cache.stop()
 	_, _ = i.store.RemoveNode(name)
+	i.known.forgetNode(name)
 	i.log.Info("stopped serving node", "node", name)
 }
 
@@ -502,3 +523,13 @@ func (i *IPAM) cachedPod(node, namespace, name string) (*corev1.Pod, bool) {
 func (i *IPAM) NodeInformer() cache.SharedIndexInformer {
 	return i.kubeInformers.Core().V1().Nodes().Informer()
 }
+
+// eventScheme knows the objects the IPAM's Events are about: Pods and Nodes,
+// and the cce.io resources (a Subnet the cloud says is full). The recorder
+// drops an Event about a kind its scheme does not know.
+var eventScheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(scheme.AddToScheme(s))
+	utilruntime.Must(ccescheme.AddToScheme(s))
+	return s
+}()

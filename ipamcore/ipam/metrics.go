@@ -20,10 +20,12 @@ type metrics struct {
 	poolAdded    prometheus.Counter
 	poolReturned prometheus.Counter
 	enisCreated  prometheus.Counter
+	enisAhead    prometheus.Counter
 	gcActions    *prometheus.CounterVec
 	gcDuration   prometheus.Histogram
 	leakSuspects prometheus.Gauge
 	leakOldest   prometheus.Gauge
+	heldInUse    prometheus.Gauge
 	fenced       prometheus.Counter
 	reconciled   *prometheus.CounterVec
 	ghostWEPs    *prometheus.CounterVec
@@ -53,14 +55,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		enisCreated: f.NewCounter(prometheus.CounterOpts{
 			Name: "cce_ipam_enis_created_total", Help: "ENIs created and attached for nodes that needed capacity.",
 		}),
+		enisAhead: f.NewCounter(prometheus.CounterOpts{
+			Name: "cce_ipam_enis_created_ahead_total",
+			Help: "ENIs created ahead of demand (pre-attached count, warm IP target), a subset of cce_ipam_enis_created_total.",
+		}),
 		gcActions: f.NewCounterVec(prometheus.CounterOpts{
-			Name: "cce_ipam_gc_actions_total", Help: "IPs released by garbage collection, by kind.",
+			Name: "cce_ipam_gc_actions_total",
+			Help: "Garbage-collection actions by kind: addresses released or deleted (deleted_statefulset, " +
+				"scaled_down_statefulset, leaked_pod, leaked_ip: deleted from the cloud), held or released for a running " +
+				"pod without a wep (in_use_held, in_use_released), weps whose eniID was repaired (wep_eni_repaired).",
 		}, []string{"kind"}),
 		reconciled: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_ip_reconcile_total",
 			Help: "Addresses whose cloud state was settled address by address, by outcome: confirmed (held, then " +
 				"listed), gone (held or idle, then missing from two reads), adopted (listed twice, unknown to the " +
-				"datastore), assigned_missing (a pod's address the cloud does not list).",
+				"datastore, named by a wep), held_in_use (the same, used by a running pod without a wep), orphan (the " +
+				"same, named by nothing: deleted after the leak grace), assigned_missing (a pod's address the cloud " +
+				"does not list).",
 		}, []string{"outcome"}),
 		ghostWEPs: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_ghost_weps_total",
@@ -72,10 +83,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
 		}),
 		leakSuspects: f.NewGauge(prometheus.GaugeOpts{
-			Name: "cce_ipam_leaked_ip_suspects", Help: "Assigned IPs without a WorkloadEndpoint, waiting out the leak grace period.",
+			Name: "cce_ipam_leaked_ip_suspects",
+			Help: "Addresses of served ENIs that no WorkloadEndpoint names and no running pod uses (assigned, or orphaned " +
+				"cloud addresses), waiting out the leak grace period before their cloud delete.",
 		}),
 		leakOldest: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_leaked_ip_oldest_suspect_age_seconds", Help: "Age of the oldest leaked-IP suspect.",
+		}),
+		heldInUse: f.NewGauge(prometheus.GaugeOpts{
+			Name: "cce_ipam_ips_held_in_use",
+			Help: "Addresses held out of the pool because a running pod uses them without a WorkloadEndpoint (as of the last GC pass).",
 		}),
 		fenced: f.NewCounter(prometheus.CounterOpts{
 			Name: "cce_ipam_fenced_writes_total",

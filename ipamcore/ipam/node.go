@@ -2,12 +2,14 @@ package ipam
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -51,6 +53,7 @@ type node struct {
 	takenOverAt    time.Time     // the start of the takeover that built this node
 	eniBackoff     time.Duration // after a failed ENI creation
 	eniRetryAt     time.Time
+	creatingENI    bool // an ENI creation runs (beginENI): at most one per node
 	returns        map[string][]netip.Addr
 }
 
@@ -114,6 +117,56 @@ func (n *node) refill() {
 	n.refilled = make(chan struct{})
 }
 
+// The node labels that name a node's instance type: the deprecated beta one,
+// which CCE sets and the reference reads, and its GA successor, which newer
+// kubelets set alongside or instead.
+const (
+	LabelInstanceTypeBeta = "beta.kubernetes.io/instance-type"
+	LabelInstanceType     = "node.kubernetes.io/instance-type"
+)
+
+// ErrNotBCCNode: the node is not one cce-ipam serves (ServesNode), on any
+// replica.
+var ErrNotBCCNode = errors.New("node is not a BCC node")
+
+// bccInstanceTypes are the instance types whose pods get ENI secondary IPs
+// (the reference's BCC nodes).
+var bccInstanceTypes = []string{"BCC", "GPU", "DCC"}
+
+// ServesNode reports whether cce-ipam serves a node, and if not why. It is a
+// pure function of the Node object, so that every replica agrees on the set
+// of served nodes.
+//
+// Served: a node with a cce:// providerID whose instance type label (the
+// beta one, else the GA one) is BCC, GPU or DCC, as the reference selects
+// them — or that has neither label. The reference skips an unlabelled node;
+// we serve it as BCC, because CCE's BCC nodes carry the label and a node
+// without it is an old or hand-joined one whose pods would otherwise get no
+// address and no error saying why; a BBC, EBC or other instance is always
+// labelled, and its label keeps it unserved (no ENI is ever attached to it).
+func ServesNode(n *corev1.Node) (bool, string) {
+	if n.DeletionTimestamp != nil {
+		return false, "node is being deleted"
+	}
+	if _, err := instanceIDFromProviderID(n.Spec.ProviderID); err != nil {
+		return false, err.Error()
+	}
+	label := LabelInstanceTypeBeta
+	typ, ok := n.Labels[label]
+	if !ok {
+		label = LabelInstanceType
+		if typ, ok = n.Labels[label]; !ok {
+			return true, ""
+		}
+	}
+	for _, t := range bccInstanceTypes {
+		if strings.EqualFold(typ, t) {
+			return true, ""
+		}
+	}
+	return false, fmt.Sprintf("instance type %s=%q is not BCC, GPU or DCC: its pods are not served by cce-ipam", label, typ)
+}
+
 // instanceIDFromProviderID reads "cce://i-xxxx" (CCE's providerID format).
 func instanceIDFromProviderID(providerID string) (string, error) {
 	id, ok := strings.CutPrefix(providerID, "cce://")
@@ -144,6 +197,9 @@ func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][
 		if k8sNode, err = i.deps.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err != nil {
 			return nil, fmt.Errorf("get node: %w", err)
 		}
+	}
+	if ok, why := ServesNode(k8sNode); !ok {
+		return nil, fmt.Errorf("%w: %s", ErrNotBCCNode, why)
 	}
 	instanceID, err := instanceIDFromProviderID(k8sNode.Spec.ProviderID)
 	if err != nil {
@@ -190,6 +246,17 @@ func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][
 		return nil, fmt.Errorf("restore datastore: %w", err)
 	}
 	for _, c := range report.Conflicts {
+		if c.Kind == datastore.ConflictUnclaimedCrossSubnet && c.Held {
+			// No wep names it and it can serve no other pod: a release
+			// whose cloud delete the previous owner did not finish, or an
+			// ADD it never committed. Held, nothing would ever resolve it;
+			// forgotten, the ENI sync deletes it once two reads agree (or
+			// gives it to a wep that names it by then).
+			if _, err := i.store.RemoveIP(name, c.Addr); err == nil {
+				i.log.Info("rebuild: a cross-subnet address no wep names is left to the ENI sync", "node", name, "ip", c.Addr)
+				continue
+			}
+		}
 		i.log.Warn("conflict while rebuilding node; address held out of the pool", "node", name, "conflict", c.String())
 	}
 	n := newNode(name, instanceID, capacity)
@@ -199,21 +266,41 @@ func (i *IPAM) rebuild(ctx context.Context, name string, byInstance map[string][
 
 // nodeClaims is a quorum read (no resourceVersion) of one node's weps,
 // filtered by the server on the CRD's selectable field spec.node: only this
-// node's weps travel.
+// node's weps travel. A CRD without that field (the reference's, see
+// wepselect.go) refuses the selector: then every wep is read in pages and
+// filtered here.
 func (i *IPAM) nodeClaims(ctx context.Context, name string) ([]datastore.Claim, error) {
-	weps, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.node", name).String(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list WorkloadEndpoints of the node: %w", err)
-	}
-	claims := []datastore.Claim{}
-	for k := range weps.Items {
-		if w := &weps.Items[k]; w.Spec.Node == name { // defensive: a server without the selectable field
-			claims = i.appendClaim(claims, w)
+	now := i.deps.Clock.Now()
+	if i.wepSel.useField(now) {
+		weps, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("spec.node", name).String(),
+		})
+		switch {
+		case err == nil:
+			if i.wepSel.worked() {
+				i.log.Info("the WorkloadEndpoint CRD accepts the spec.node field selector again; node reads are filtered by the API server")
+			}
+			claims := []datastore.Claim{}
+			for k := range weps.Items {
+				if w := &weps.Items[k]; w.Spec.Node == name { // defensive: a server without the selectable field
+					claims = i.appendClaim(claims, w)
+				}
+			}
+			return claims, nil
+		case !IsFieldSelectorUnsupported(err):
+			return nil, fmt.Errorf("list WorkloadEndpoints of the node: %w", err)
+		}
+		if i.wepSel.refused(now) {
+			i.log.Warn("the WorkloadEndpoint CRD has no spec.node selectable field (a CRD installed by the reference?): "+
+				"reading all weps and filtering them here until it is upgraded (see README, \"Migrating from cce-eni-ipam\")",
+				"err", err)
 		}
 	}
-	return claims, nil
+	claims, err := i.bulkClaims(ctx, map[string]bool{name: true})
+	if err != nil {
+		return nil, err
+	}
+	return claims[name], nil
 }
 
 // bulkClaims reads every wep once, in pages of one quorum snapshot, and

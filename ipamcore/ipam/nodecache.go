@@ -127,8 +127,10 @@ func (s *nodeStore) Replace(list []any, rv string) error {
 }
 
 // slimPod keeps what the IPAM reads of a pod (its node, deletion, the
-// fixed-IP annotations and controller, and what an Event needs to name it)
-// and drops the rest (containers, status, managedFields, other annotations
+// fixed-IP and PSTS annotations and controller, the labels and creation time
+// a PSTS selector is matched against, what an Event needs to name it, and
+// whether it runs with which addresses) and drops the rest (containers, the
+// rest of its status, managedFields, other annotations
 // such as last-applied-configuration), which is most of a pod's size.
 func slimPod(obj any) any {
 	p, ok := obj.(*corev1.Pod)
@@ -140,10 +142,14 @@ func slimPod(obj any) any {
 		ObjectMeta: metav1.ObjectMeta{
 			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 			DeletionTimestamp: p.DeletionTimestamp, OwnerReferences: p.OwnerReferences,
+			Labels: p.Labels, CreationTimestamp: p.CreationTimestamp,
 		},
-		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName},
+		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
+		// The podIP guard (podipguard.go) reads which addresses running
+		// pods use.
+		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
 	}
-	for _, k := range []string{cce.AnnotationStsEnableFixIP, cce.AnnotationStsPodFixIPDeletePolicy} {
+	for _, k := range []string{cce.AnnotationStsEnableFixIP, cce.AnnotationStsPodFixIPDeletePolicy, cce.AnnotationPodSubnetTopologySpread} {
 		if v, ok := p.Annotations[k]; ok {
 			if out.Annotations == nil {
 				out.Annotations = map[string]string{}
@@ -177,7 +183,16 @@ func slimClusterObject(obj any) (any, error) {
 	obj = stripManagedFields(obj)
 	switch o := obj.(type) {
 	case *corev1.Node:
-		o.Status = corev1.NodeStatus{}
+		// Only the Ready condition's status is read (ENIs ahead of
+		// demand skip nodes that are not Ready); its times would only
+		// cost memory.
+		var ready []corev1.NodeCondition
+		for _, c := range o.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				ready = []corev1.NodeCondition{{Type: c.Type, Status: c.Status}}
+			}
+		}
+		o.Status = corev1.NodeStatus{Conditions: ready}
 		delete(o.Annotations, corev1.LastAppliedConfigAnnotation)
 	case *appsv1.StatefulSet:
 		o.Spec = appsv1.StatefulSetSpec{Replicas: o.Spec.Replicas}

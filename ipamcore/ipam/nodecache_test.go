@@ -27,13 +27,16 @@ func TestSlimPodKeepsWhatTheIPAMReads(t *testing.T) {
 			Annotations: map[string]string{
 				cce.AnnotationStsEnableFixIP:                       cce.EnableFixIPTrue,
 				cce.AnnotationStsPodFixIPDeletePolicy:              cce.FixIPDeletePolicyNever,
+				cce.AnnotationPodSubnetTopologySpread:              "spread",
 				"kubectl.kubernetes.io/last-applied-configuration": "{...}",
 			},
-			Labels:        map[string]string{"app": "web"},
-			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}},
+			Labels:            map[string]string{"app": "web"},
+			CreationTimestamp: metav1.NewTime(now.Add(-time.Hour)),
+			ManagedFields:     []metav1.ManagedFieldsEntry{{Manager: "kubectl"}},
 		},
-		Spec:   corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "pause"}}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1"},
+		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "pause"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1", PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}},
+			HostIP: "192.168.0.1", Conditions: []corev1.PodCondition{{Type: corev1.PodReady}}},
 	}
 	slim := slimPod(full).(*corev1.Pod)
 	if slim.Name != "web-0" || slim.Namespace != "ns" || slim.UID != "u-1" || slim.ResourceVersion != "42" ||
@@ -43,9 +46,19 @@ func TestSlimPodKeepsWhatTheIPAMReads(t *testing.T) {
 	if !isFixedIPPod(slim) || slim.Annotations[cce.AnnotationStsPodFixIPDeletePolicy] != cce.FixIPDeletePolicyNever {
 		t.Fatalf("fixed-IP annotations or controller lost: %v %v", slim.Annotations, slim.OwnerReferences)
 	}
-	if len(slim.Annotations) != 2 || slim.Labels != nil || slim.ManagedFields != nil ||
-		len(slim.Spec.Containers) != 0 || slim.Status.PodIP != "" {
+	// A PSTS pod's annotation, and the labels and age its PSTS selector is
+	// matched against when the webhook did not annotate it.
+	if slim.Annotations[cce.AnnotationPodSubnetTopologySpread] != "spread" || slim.Labels["app"] != "web" ||
+		!slim.CreationTimestamp.Equal(&full.CreationTimestamp) {
+		t.Fatalf("PSTS annotation, labels or creation time lost: %+v", slim.ObjectMeta)
+	}
+	if len(slim.Annotations) != 3 || slim.ManagedFields != nil ||
+		len(slim.Spec.Containers) != 0 || slim.Status.HostIP != "" || slim.Status.Conditions != nil {
 		t.Fatalf("bulk kept: %+v", slim)
+	}
+	// The podIP guard's reads: whether the pod runs, with which addresses.
+	if slim.Status.Phase != corev1.PodRunning || slim.Status.PodIP != "10.0.0.1" || len(slim.Status.PodIPs) != 1 {
+		t.Fatalf("phase or pod IPs lost: %+v", slim.Status)
 	}
 	if plain := slimPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}}).(*corev1.Pod); plain.Annotations != nil {
 		t.Fatalf("annotations invented: %v", plain.Annotations)
@@ -72,8 +85,9 @@ func TestSlimClusterObjectKeepsWhatIsRead(t *testing.T) {
 		},
 		Spec: corev1.NodeSpec{ProviderID: "cce://i-1", Unschedulable: true},
 		Status: corev1.NodeStatus{
-			Images:     []corev1.ContainerImage{{Names: []string{"registry/app:v1"}, SizeBytes: 1 << 30}},
-			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}},
+			Images: []corev1.ContainerImage{{Names: []string{"registry/app:v1"}, SizeBytes: 1 << 30}},
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse, Message: "bulk"},
+				{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Message: "kubelet is posting ready status"}},
 		},
 	}
 	out, err := slimClusterObject(node)
@@ -86,7 +100,12 @@ func TestSlimClusterObjectKeepsWhatIsRead(t *testing.T) {
 		n.Annotations[cce.AnnotationMaxIPPerENI] != "8" {
 		t.Fatalf("node lost what is read: %+v", n)
 	}
-	if n.Status.Images != nil || n.Status.Conditions != nil || n.ManagedFields != nil || len(n.Annotations) != 1 {
+	// Only the Ready condition's status stays (ENIs ahead of demand skip
+	// nodes that are not Ready).
+	if c := n.Status.Conditions; len(c) != 1 || c[0].Type != corev1.NodeReady || c[0].Status != corev1.ConditionTrue {
+		t.Fatalf("node conditions kept: %+v, want Ready=True alone", c)
+	}
+	if n.Status.Images != nil || n.Status.Conditions[0].Message != "" || n.ManagedFields != nil || len(n.Annotations) != 1 {
 		t.Fatalf("node bulk kept: %+v", n)
 	}
 

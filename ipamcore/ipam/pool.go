@@ -91,28 +91,51 @@ func (i *IPAM) balance(ctx context.Context, n *node, reads settleReads) {
 	}
 }
 
-// tryCreateENI creates an ENI unless a recent attempt failed (backing off
-// 10s, then 20s, … up to 5m, so a broken subnet is not hammered).
+// tryCreateENI creates an ENI on the pool worker unless one is being
+// created for the node already (ahead of demand, eniahead.go) or a recent
+// attempt failed (backing off 10s, then 20s, … up to 5m, so a broken subnet
+// is not hammered).
 func (i *IPAM) tryCreateENI(ctx context.Context, n *node, reason string) bool {
-	now := i.deps.Clock.Now()
-	n.mu.Lock()
-	wait := n.eniRetryAt.After(now)
-	n.mu.Unlock()
-	if wait {
+	if !n.beginENI(i.deps.Clock.Now()) {
 		return false
 	}
 	i.log.Info("node needs another ENI", "node", n.name, "reason", reason)
 	err := i.createENI(ctx, n)
+	n.endENI(i.deps.Clock.Now(), reason, err)
+	return err == nil
+}
+
+// beginENI claims the node's one ENI creation: false while another runs or
+// a failed one backs off. endENI must follow a true.
+func (n *node) beginENI(now time.Time) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.creatingENI || n.eniRetryAt.After(now) {
+		return false
+	}
+	n.creatingENI = true
+	return true
+}
+
+// endENI ends the creation beginENI claimed, backing off after a failure.
+func (n *node) endENI(now time.Time, reason string, err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.creatingENI = false
 	if err != nil {
 		n.eniBackoff = min(max(2*n.eniBackoff, 10*time.Second), 5*time.Minute)
 		n.eniRetryAt = now.Add(n.eniBackoff)
 		n.planNote = fmt.Sprintf("node needs another ENI (%s): %v", reason, err)
-		return false
+		return
 	}
 	n.eniBackoff, n.eniRetryAt, n.planNote = 0, time.Time{}, ""
-	return true
+}
+
+// eniCreating reports an ENI creation in progress for the node.
+func (n *node) eniCreating() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.creatingENI
 }
 
 // poolState is what the planner sees of n. The addresses of this worker's
@@ -128,6 +151,7 @@ func (i *IPAM) poolState(n *node, reads settleReads) (pool.NodeState, bool) {
 	st := pool.StateFromSnapshot(snap, i.exhaustedSubnets())
 	st = reads.uncount(st, snap)
 	st.Waiting = n.waiters()
+	st.ENIPending = n.eniCreating()
 	if now := i.deps.Clock.Now(); st.Waiting > 0 && now.Before(n.takenOverUntil) {
 		st = pool.UsableNow(st, snap, now)
 	}
@@ -174,6 +198,13 @@ func (i *IPAM) grow(ctx context.Context, n *node, adds []pool.Add) bool {
 					continue
 				}
 				n.setBackoff(add.ENIID, i.poolCfg.Backoff.Fail(n.backoffs()[add.ENIID], 1, i.deps.Clock.Now()))
+				if errors.Is(err, cloud.ErrSubnetHasNoMoreIP) {
+					// Not even one address: say so on the Subnet, so that new
+					// ENIs and PSTS pods skip it until the Subnet controller
+					// sees addresses free again (the reference meant to and
+					// wrote the object back unchanged).
+					i.declareNoMoreIP(ctx, i.eniSubnet(n.name, add.ENIID), err)
+				}
 			case errors.Is(err, cloud.ErrRateLimit):
 				// The client already backed off; pause before the next
 				// call so a throttled cloud is not stormed.

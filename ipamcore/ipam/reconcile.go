@@ -141,12 +141,15 @@ func (i *IPAM) reconcileAbsent(n *node, d *ipDrift, ip datastore.IPInfo, now tim
 
 // adoptExtras records cloud addresses of known ENIs that the datastore
 // lacks, once two reads ReadLag apart list them: assigned when a wep on the
-// node names the address, idle otherwise.
+// node names the address, held for the running pod that uses it
+// (HoldInUse), else held as an orphan (HoldOrphan) for the leaked-IP GC.
 func (i *IPAM) adoptExtras(ctx context.Context, n *node, d *ipDrift, listed map[netip.Addr]string, recorded map[netip.Addr]bool,
 	snap datastore.NodeSnapshot, now time.Time) {
 	known := map[string]bool{}
+	subnetOf := map[string]netip.Prefix{}
 	for _, es := range snap.ENIs {
 		known[es.ENI.ID] = true
+		subnetOf[es.ENI.ID] = es.ENI.SubnetCIDR
 	}
 	var ready []netip.Addr
 	n.mu.Lock()
@@ -181,16 +184,27 @@ func (i *IPAM) adoptExtras(ctx context.Context, n *node, d *ipDrift, listed map[
 	for _, c := range claims {
 		owners[c.Addr] = c.Owner
 	}
+	users, _ := n.podIPUsers()
 	for _, a := range ready {
 		if i.mayAct(n.name) != nil {
 			return
 		}
 		eniID := listed[a]
-		if o, ok := owners[a]; ok {
-			_, err = i.store.AddAssignedIP(n.name, eniID, a, o, now)
-		} else {
-			err = i.store.AddIPs(n.name, eniID, []netip.Addr{a}, now)
+		_, owned := owners[a]
+		if cidr := subnetOf[eniID]; !owned && cidr.IsValid() && !cidr.Contains(a) {
+			// A cross-subnet (PSTS) address no wep names: an ADD that
+			// never recorded it, or a release that forgot it before its
+			// cloud delete went through. It can serve no other pod.
+			i.deleteStray(ctx, n.name, eniID, a.String())
+			n.mu.Lock()
+			delete(d.extra, a)
+			n.mu.Unlock()
+			i.metrics.reconciled.WithLabelValues("deleted_cross_subnet").Inc()
+			i.log.Info("ENI sync: deleted a cross-subnet address no wep names (two reads agree)", "node", n.name,
+				"eni", eniID, "ip", a)
+			continue
 		}
+		outcome, err := i.recordExtra(n.name, eniID, a, owners, users, now)
 		if err != nil {
 			i.log.Warn("ENI sync: could not adopt a cloud address", "node", n.name, "eni", eniID, "ip", a, "err", err)
 			continue
@@ -198,9 +212,31 @@ func (i *IPAM) adoptExtras(ctx context.Context, n *node, d *ipDrift, listed map[
 		n.mu.Lock()
 		delete(d.extra, a)
 		n.mu.Unlock()
-		i.metrics.reconciled.WithLabelValues("adopted").Inc()
-		i.log.Info("ENI sync: adopted a cloud address the datastore lacked (two reads agree)", "node", n.name, "eni", eniID, "ip", a,
-			"assigned", owners[a] != datastore.Owner{})
+		i.metrics.reconciled.WithLabelValues(outcome).Inc()
+		i.log.Info("ENI sync: recorded a cloud address the datastore lacked (two reads agree)", "node", n.name, "eni", eniID, "ip", a,
+			"as", outcome)
 	}
 	n.refill()
+}
+
+// recordExtra records one cloud address the datastore lacked: assigned to
+// the wep's pod that names it (owners). Unowned, it never joins the pool: a
+// running pod may use it (its wep deleted out of band: held for it, users),
+// or something outside the IPAM; the leaked-IP GC deletes such an orphan
+// after its grace (leaked.go). It returns the outcome for the metric.
+func (i *IPAM) recordExtra(node, eniID string, a netip.Addr, owners map[netip.Addr]datastore.Owner,
+	users map[netip.Addr]datastore.PodKey, now time.Time) (string, error) {
+	if o, owned := owners[a]; owned {
+		_, err := i.store.AddAssignedIP(node, eniID, a, o, now)
+		return "adopted", err
+	}
+	if user, used := users[a]; used {
+		_, err := i.store.AddHeldIP(node, eniID, a, datastore.HoldInUse, now)
+		if err == nil {
+			i.heldInUse(node, a, user, "ENI sync")
+		}
+		return "held_in_use", err
+	}
+	_, err := i.store.AddHeldIP(node, eniID, a, datastore.HoldOrphan, now)
+	return "orphan", err
 }

@@ -5,21 +5,28 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
 	"github.com/cce-ipam/sharded/ipamcore/podip"
 )
 
-// Release implements podip.Backend. It reads the wep from the API server, not
-// the cache: a DEL right after an ADD must see the ADD's wep, or the IP would
+// Release implements podip.Backend. On the node's owner, a DEL of the
+// sandbox whose wep this replica wrote costs only the writes the finalizer
+// needs (releaseKnown). Otherwise it reads the wep from the API server, not
+// a cache: a DEL right after an ADD must see the ADD's wep, or the IP would
 // stay assigned to nobody until GC.
 func (i *IPAM) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
 	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
 	defer unlock()
 
+	if ep, ok, done, err := i.releaseKnown(ctx, ref); done {
+		return ep, ok, err
+	}
 	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace)
 	wep, err := client.Get(ctx, ref.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -42,19 +49,16 @@ func (i *IPAM) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint, b
 	if err != nil {
 		return podip.Endpoint{}, false, err
 	}
+	if wep.Spec.SubnetTopologyReference != "" {
+		return i.releasePSTS(ctx, n, wep, tok, until)
+	}
 	if wep.IsFixedStatefulSet() {
 		// The IP stays reserved for the pod's next incarnation; GC frees
 		// it when the StatefulSet is deleted or scaled below the pod.
 		upd := wep.DeepCopy()
 		upd.Spec.UpdateAt = metav1.NewTime(i.deps.Clock.Now())
-		if tok != nil {
-			tok.Stamp(upd)
-		}
-		uctx, cancel := fencedContext(ctx, until)
-		_, err := client.Update(uctx, upd, metav1.UpdateOptions{})
-		cancel()
-		if err != nil {
-			i.log.Info("could not stamp a fixed wep on release", "wep", wep.Namespace+"/"+wep.Name, "err", err)
+		if kept, ok := i.keepOnRelease(ctx, upd, tok, until); ok {
+			i.known.remember(n, kept)
 		}
 		i.metrics.releases.WithLabelValues("ok", pathFixed).Inc()
 		return endpointOf(wep), true, nil
@@ -70,6 +74,13 @@ func (i *IPAM) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint, b
 		i.metrics.releases.WithLabelValues("error", pathPool).Inc()
 		return podip.Endpoint{}, false, err
 	}
+	i.known.forget(n.name, datastore.PodKey{Namespace: ref.Namespace, Name: ref.Name})
+	i.freeReleased(n, addr, ref)
+	return endpointOf(wep), true, nil
+}
+
+// freeReleased frees the address of a sandbox whose wep is deleted.
+func (i *IPAM) freeReleased(n *node, addr netip.Addr, ref podip.PodRef) {
 	rel, err := i.store.Release(n.name, addr, ref.ContainerID, i.deps.Clock.Now())
 	switch {
 	case err == nil:
@@ -86,11 +97,82 @@ func (i *IPAM) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint, b
 	if st, err := i.store.Stats(n.name, i.deps.Clock.Now()); err == nil && st.Idle > i.cfg.IdleMax {
 		n.poke() // the worker trims the pool back to IdleMax
 	}
-	return endpointOf(wep), true, nil
 }
 
-// Check implements podip.Backend: the pod's current wep, if the sandbox owns it.
+// releaseKnown is the DEL of a sandbox whose wep this replica wrote, on the
+// served node the call names: no read (REQUESTS.md, "DEL"). The wep's
+// writes carry the resourceVersion this replica last wrote; if the wep
+// changed or went since (Conflict, NotFound), done=false sends the caller
+// to the read path. done=false too when nothing is known.
+func (i *IPAM) releaseKnown(ctx context.Context, ref podip.PodRef) (ep podip.Endpoint, ok, done bool, err error) {
+	n, release, served := i.acquire(ref.Node)
+	if !served {
+		return podip.Endpoint{}, false, false, nil
+	}
+	defer release()
+	rec, known := i.knownFor(n, ref)
+	if !known || rec.kind == wepOther {
+		return podip.Endpoint{}, false, false, nil
+	}
+	pod := datastore.PodKey{Namespace: ref.Namespace, Name: ref.Name}
+	// Whatever happens next, this record is spent: a write from it either
+	// lands (and is remembered again below) or leaves its outcome unknown.
+	i.known.forget(n.name, pod)
+	tok, until, err := i.fenceFor(n.name)
+	if err != nil {
+		return podip.Endpoint{}, false, true, err
+	}
+	if rec.kind == wepFixed {
+		kept, err := i.stampKnownWEP(ctx, ref, rec, tok, until)
+		if err != nil {
+			return podip.Endpoint{}, false, false, nil // read it and stamp that (or log why not)
+		}
+		i.known.remember(n, kept)
+		i.metrics.releases.WithLabelValues("ok", pathFixed).Inc()
+		return rec.ep, true, true, nil
+	}
+	err = i.deleteKnownWEP(ctx, ref, rec, tok, until)
+	switch {
+	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
+		return podip.Endpoint{}, false, false, nil
+	case err != nil:
+		i.metrics.releases.WithLabelValues("error", pathPool).Inc()
+		return podip.Endpoint{}, false, true, err
+	}
+	i.freeReleased(n, rec.ip, ref)
+	return rec.ep, true, true, nil
+}
+
+// keepOnRelease writes the wep of a released pod whose address stays
+// reserved (upd: the wep with its release stamped), fenced like every wep
+// write, and returns it as written. A failure is only logged: the
+// reservation holds either way, and GC stamps what it needs later.
+func (i *IPAM) keepOnRelease(ctx context.Context, upd *cce.WorkloadEndpoint, tok *FenceToken,
+	until time.Time) (*cce.WorkloadEndpoint, bool) {
+	if tok != nil {
+		tok.Stamp(upd)
+	}
+	uctx, cancel := fencedContext(ctx, until)
+	defer cancel()
+	kept, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(upd.Namespace).Update(uctx, upd, metav1.UpdateOptions{})
+	if err != nil {
+		i.log.Info("could not stamp a kept wep on release", "wep", upd.Namespace+"/"+upd.Name, "err", err)
+		return nil, false
+	}
+	return kept, true
+}
+
+// Check implements podip.Backend: the pod's current wep, if the sandbox owns
+// it. The node's owner answers from the wep it wrote for the sandbox (the
+// router sends CheckIP there), any other replica reads it.
 func (i *IPAM) Check(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
+	if n, release, served := i.acquire(ref.Node); served {
+		rec, known := i.knownFor(n, ref)
+		release()
+		if known {
+			return rec.ep, true, nil
+		}
+	}
 	wep, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return podip.Endpoint{}, false, nil
@@ -126,7 +208,7 @@ func (i *IPAM) ReleaseOnDeletedNode(ctx context.Context, ref podip.PodRef) (podi
 	if wep.Spec.ContainerID != ref.ContainerID || !i.nodeGone(ctx, wep.Spec.Node) {
 		return podip.Endpoint{}, false, nil
 	}
-	if wep.IsFixedStatefulSet() {
+	if wep.IsFixedStatefulSet() || wep.IsCustomReuse() {
 		return endpointOf(wep), true, nil
 	}
 	if err := i.deleteWEP(ctx, wep); err != nil {

@@ -3,12 +3,15 @@
 package ipam_test
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -78,26 +81,60 @@ func (e *env) cachedPodRef(p podRef) podip.PodRef {
 // requestLog records the requests for pods and weps of one namespace as
 // "verb resource", the verbs named as client-go's fake clientsets name them.
 type requestLog struct {
-	ns   string
-	mu   sync.Mutex
-	seen []string
+	ns        string
+	mu        sync.Mutex
+	seen      []string
+	throttle  map[string]bool // request kinds answered 429 once more
+	throttled int
 }
 
 func (l *requestLog) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		l.record(req)
+		if l.record(req) {
+			return tooManyRequests(req), nil
+		}
 		return rt.RoundTrip(req)
 	})
 }
 
-func (l *requestLog) record(req *http.Request) {
+// throttleOnce answers the next request of each kind ("verb resource") 429.
+func (l *requestLog) throttleOnce(kinds ...string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.throttle = map[string]bool{}
+	for _, k := range kinds {
+		l.throttle[k] = true
+	}
+}
+
+func (l *requestLog) throttledCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.throttled
+}
+
+// tooManyRequests is the API server's answer when Priority and Fairness
+// rejects a request: 429, a Status body and Retry-After (seconds).
+func tooManyRequests(req *http.Request) *http.Response {
+	body := `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Too many requests, please try again later.","reason":"TooManyRequests","code":429}`
+	return &http.Response{
+		StatusCode: http.StatusTooManyRequests, Status: "429 Too Many Requests", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:        http.Header{"Retry-After": {"1"}, "Content-Type": {"application/json"}},
+		Body:          io.NopCloser(strings.NewReader(body)),
+		ContentLength: int64(len(body)),
+		Request:       req,
+	}
+}
+
+// record logs the request and reports whether to answer it 429.
+func (l *requestLog) record(req *http.Request) bool {
 	_, rest, ok := strings.Cut(req.URL.Path, "/namespaces/"+l.ns+"/")
 	if !ok {
-		return
+		return false
 	}
 	resource, name, _ := strings.Cut(rest, "/")
 	if resource != "pods" && resource != "workloadendpoints" {
-		return
+		return false
 	}
 	verb := map[string]string{
 		http.MethodGet:    "get",
@@ -112,9 +149,16 @@ func (l *requestLog) record(req *http.Request) {
 			verb = "watch"
 		}
 	}
+	kind := verb + " " + resource
 	l.mu.Lock()
-	l.seen = append(l.seen, verb+" "+resource)
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	l.seen = append(l.seen, kind)
+	if l.throttle[kind] {
+		delete(l.throttle, kind)
+		l.throttled++
+		return true
+	}
+	return false
 }
 
 func (l *requestLog) count() int {
@@ -139,3 +183,118 @@ func (l *requestLog) expect(t *testing.T) expectFunc {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// The fallbacks of the known wep (known.go), on the wire: each write made
+// from what the replica knows carries the resourceVersion it last wrote, so
+// a wep changed or deleted behind its back is read instead, and the call
+// still does the right thing.
+
+// A wep changed by someone else since the ADD (an operator's label): the
+// DEL's patch is refused with Conflict, the DEL reads the wep and deletes it
+// as without a known wep, and the IP goes back to the pool.
+func TestIPAM_Requests_DELAfterExternalChangeReadsTheWEP(t *testing.T) {
+	e, wire := newCountedEnv(t, "rx")
+	ref := e.cachedPodRef(e.createPods("web", 1)[0])
+	srv := routedCNIServer(t, e.ipam)
+	expect := wire.expect(t)
+	expect("warm ADD", []string{"create workloadendpoints"}, func() { cniAdd(t, srv, ref) })
+	external := versioned.NewForConfigOrDie(cp.Config) // not counted: someone else
+	labelWEP(t, e, external, ref.Name)
+	assigned := e.stats(ref.Node).Assigned
+	expect("DEL of a wep changed since", []string{
+		"patch workloadendpoints",  // Conflict: the wep changed since our write
+		"get workloadendpoints",    // Release: the read path
+		"update workloadendpoints", // deleteWEP: drop the finalizer, stamp
+		"delete workloadendpoints", // deleteWEP
+	}, func() { cniDel(t, srv, ref) })
+	if _, err := external.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, ref.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the wep is still there after the DEL: %v", err)
+	}
+	if got := e.stats(ref.Node).Assigned; got != assigned-1 {
+		t.Errorf("%d IPs assigned after the DEL, want %d: the IP was not freed", got, assigned-1)
+	}
+}
+
+// A wep deleted behind the replica's back (its finalizer removed by hand):
+// the DEL's patch answers NotFound, the read confirms it, and the DEL answers
+// that nothing was held (as a DEL of an unknown wep did before). A new
+// sandbox of a pod whose known wep changed since replaces it after a read.
+func TestIPAM_Requests_StaleKnownWEPFallsBackToReads(t *testing.T) {
+	e, wire := newCountedEnv(t, "rs")
+	pods := e.createPods("web", 2)
+	gone, moved := e.cachedPodRef(pods[0]), e.cachedPodRef(pods[1])
+	srv := routedCNIServer(t, e.ipam)
+	expect := wire.expect(t)
+	cniAdd(t, srv, gone)
+	cniAdd(t, srv, moved)
+	external := versioned.NewForConfigOrDie(cp.Config)
+
+	w, err := external.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, gone.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Finalizers = nil
+	if _, err := external.CceV1alpha1().WorkloadEndpoints(e.ns).Update(e.ctx, w, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := external.CceV1alpha1().WorkloadEndpoints(e.ns).Delete(e.ctx, gone.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expect("DEL of a wep deleted since", []string{
+		"patch workloadendpoints", // NotFound
+		"get workloadendpoints",   // the read path: NotFound
+	}, func() { cniDel(t, srv, gone) })
+
+	labelWEP(t, e, external, moved.Name)
+	next := moved
+	next.ContainerID += "-next"
+	expect("ADD of a new sandbox over a wep changed since", []string{
+		"update workloadendpoints", // Conflict
+		"create workloadendpoints", // AlreadyExists
+		"get workloadendpoints",
+		"update workloadendpoints",
+	}, func() { cniAdd(t, srv, next) })
+	w, err = external.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, moved.Name, metav1.GetOptions{})
+	if err != nil || w.Spec.ContainerID != next.ContainerID || w.Labels["operator"] != "" {
+		t.Fatalf("the wep after the new sandbox's ADD: %v, %+v; want it to name %s (labels replaced)", err, w, next.ContainerID)
+	}
+	expect("DEL of the new sandbox", []string{"patch workloadendpoints", "delete workloadendpoints"},
+		func() { cniDel(t, srv, next) })
+}
+
+// labelWEP changes the wep as an operator would, moving its resourceVersion.
+func labelWEP(t *testing.T, e *env, c versioned.Interface, name string) {
+	t.Helper()
+	w, err := c.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Labels == nil {
+		w.Labels = map[string]string{}
+	}
+	w.Labels["operator"] = "was-here"
+	if _, err := c.CceV1alpha1().WorkloadEndpoints(e.ns).Update(e.ctx, w, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A 429 with Retry-After (what API Priority and Fairness answers when a
+// level's queues are full) on the commit's create and the DEL's patch: the
+// calls wait the Retry-After and succeed (client-go's rest client retries a
+// 429 with Retry-After, whatever the verb, within the call's context), so
+// the CNI call does not fail. The 429s are injected on the wire in front of
+// the real API server, once per request kind.
+func TestIPAM_Requests_ThrottledWritesRetriedNotFailed(t *testing.T) {
+	e, wire := newCountedEnv(t, "rt")
+	wire.throttleOnce("create workloadendpoints", "patch workloadendpoints")
+	ref := e.cachedPodRef(e.createPods("web", 1)[0])
+	srv := routedCNIServer(t, e.ipam)
+	expect := wire.expect(t)
+	expect("warm ADD, throttled once", []string{"create workloadendpoints", "create workloadendpoints"},
+		func() { cniAdd(t, srv, ref) })
+	expect("DEL, throttled once", []string{"patch workloadendpoints", "patch workloadendpoints", "delete workloadendpoints"},
+		func() { cniDel(t, srv, ref) })
+	if got := wire.throttledCount(); got != 2 {
+		t.Errorf("%d requests answered 429, want 2", got)
+	}
+}

@@ -28,8 +28,10 @@ import (
 //     the cloud (reconcileIPs) and changes the datastore only when two reads
 //     at least ReadLag apart agree: an idle address missing from the cloud
 //     is held at once (never handed out) and forgotten on the second
-//     missing read; a cloud address the datastore lacks is adopted on the
-//     second read, assigned if a WorkloadEndpoint names it.
+//     missing read; a cloud address the datastore lacks is recorded on the
+//     second read: assigned if a WorkloadEndpoint names it, otherwise held
+//     (for the running pod that uses it, or as an orphan that the leaked-IP
+//     GC deletes after its grace: leaked.go).
 
 // settleTakeover settles the unsettled addresses of nodes taken over at
 // start, with one VPC-wide list taken ReadLag after start.

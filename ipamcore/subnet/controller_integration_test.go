@@ -67,7 +67,7 @@ func TestController_SyncCreatesAndDeclaresExhaustion(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	c := subnet.NewController(subnet.DefaultConfig(), cs, provider, nil, reg)
-	c.Sync(ctx, pools)
+	c.Sync(ctx, pools, nil)
 	for _, id := range []string{big, tiny} {
 		s, err := cs.CceV1alpha1().Subnets(cce.SubnetNamespace).Get(ctx, id, metav1.GetOptions{})
 		if err != nil {
@@ -82,7 +82,7 @@ func TestController_SyncCreatesAndDeclaresExhaustion(t *testing.T) {
 		})
 	}
 	writes := counterValue(t, reg, "cce_ipam_subnet_writes_total")
-	c.Sync(ctx, pools)
+	c.Sync(ctx, pools, nil)
 	if again := counterValue(t, reg, "cce_ipam_subnet_writes_total"); again != writes {
 		t.Fatalf("an unchanged sync wrote %v times", again-writes)
 	}
@@ -100,7 +100,7 @@ func TestController_SyncCreatesAndDeclaresExhaustion(t *testing.T) {
 			break
 		}
 	}
-	c.Sync(ctx, pools)
+	c.Sync(ctx, pools, nil)
 	s, err := cs.CceV1alpha1().Subnets(cce.SubnetNamespace).Get(ctx, tiny, metav1.GetOptions{})
 	if err != nil || !s.Status.HasNoMoreIP || s.Status.AvailableIPNum != 0 {
 		t.Fatalf("exhausted subnet = %+v (err %v), want hasNoMoreIP", s.Status, err)

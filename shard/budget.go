@@ -36,6 +36,13 @@ import (
 // that finds its own entry gone (or invalid) drops to zero and asks again:
 // the room may have been taken. Entries that are not a usable share
 // (negative, NaN, infinite, absurd) are ignored.
+//
+// Replicas may be configured with different budgets while a rolling update
+// changes --bce-rate/--bce-burst. Each entry carries its replica's
+// configured budget (Limit), and every replica splits the smallest budget
+// of the live replicas: the old ones lower to the new, smaller budget, so
+// a replica restarted with it finds room; a larger budget takes effect once
+// no live replica is configured below it.
 
 // Share is one replica's part of the budget. Busy tells the others that it
 // could use more (see demandTarget).
@@ -43,6 +50,29 @@ type Share struct {
 	Rate  float64 `json:"rate"`
 	Burst int64   `json:"burst"`
 	Busy  bool    `json:"busy,omitempty"`
+	// Limit and LimitBurst are the cluster budget this replica was
+	// configured with (0: not published, as by older versions).
+	Limit      float64 `json:"limit,omitempty"`
+	LimitBurst int64   `json:"limitBurst,omitempty"`
+}
+
+// effectiveGlobal is the budget in force: the smallest configured by own
+// and by the live peers that published theirs.
+func effectiveGlobal(own Share, live []string, self string, published map[string]Share) Share {
+	eff := Share{Rate: own.Rate, Burst: own.Burst}
+	for _, m := range live {
+		s, ok := published[m]
+		if m == self || !ok {
+			continue
+		}
+		if s.Limit > 0 && s.Limit < eff.Rate {
+			eff.Rate = s.Limit
+		}
+		if s.LimitBurst > 0 && s.LimitBurst < eff.Burst {
+			eff.Burst = s.LimitBurst
+		}
+	}
+	return eff
 }
 
 // budgetPeers is what the budget needs to know of the replicas: its own
@@ -131,7 +161,8 @@ const (
 // value in the Lease is not one a replica wrote (SetRate refuses it): a
 // corruption, or a foreign writer.
 func validShare(s Share) bool {
-	return s.Rate >= 0 && s.Rate <= maxShareRate && s.Burst >= 0 && s.Burst <= maxShareBurst // false for NaN
+	return s.Rate >= 0 && s.Rate <= maxShareRate && s.Burst >= 0 && s.Burst <= maxShareBurst && // false for NaN
+		s.Limit >= 0 && s.Limit <= maxShareRate && s.LimitBurst >= 0 && s.LimitBurst <= maxShareBurst
 }
 
 // parseShares decodes the shares annotation entry by entry, so that one bad
@@ -218,7 +249,7 @@ func (b *budget) adjust(ctx context.Context) {
 	if b.followDemand {
 		busy, need = b.demand(cur)
 	}
-	want := demandTarget(b.global, live, b.self, published, busy, need)
+	want := demandTarget(effectiveGlobal(b.global, live, b.self, published), live, b.self, published, busy, need)
 	b.setOpShare(replicas)
 	switch {
 	case want.Rate < cur.Rate*0.9-rateEpsilon || want.Burst < cur.Burst || (want.Rate == 0 && cur.Rate > 0):
@@ -235,6 +266,9 @@ func (b *budget) adjust(ctx context.Context) {
 	case want.Rate > cur.Rate*1.1+rateEpsilon || want.Burst > cur.Burst || !granted:
 		var got Share
 		err := b.publish(ctx, func(shares map[string]Share) Share {
+			// The budget in force by the object being changed: a peer may
+			// have published a smaller one since the watch showed it.
+			global := effectiveGlobal(b.global, live, b.self, shares)
 			var others Share
 			for m, s := range shares {
 				if m != b.self {
@@ -243,8 +277,8 @@ func (b *budget) adjust(ctx context.Context) {
 				}
 			}
 			got = Share{
-				Rate:  math.Max(0, math.Min(want.Rate, b.global.Rate-others.Rate)),
-				Burst: max(0, min(want.Burst, b.global.Burst-others.Burst)),
+				Rate:  math.Max(0, math.Min(want.Rate, global.Rate-others.Rate)),
+				Burst: max(0, min(want.Burst, global.Burst-others.Burst)),
 				Busy:  busy,
 			}
 			// A residue of float sums (50 - (16.67 + 33.33) = 7e-15) is no
@@ -421,11 +455,11 @@ func (b *budget) publish(ctx context.Context, mine func(shares map[string]Share)
 				}
 			}
 			s := mine(shares)
-			if s.Rate <= 0 && !s.Busy {
-				delete(shares, b.self)
-			} else {
-				shares[b.self] = s
-			}
+			// The entry stays at a zero rate too: it carries this
+			// replica's configured budget, which the others must honour
+			// before it can get any share.
+			s.Limit, s.LimitBurst = b.global.Rate, b.global.Burst
+			shares[b.self] = s
 			raw, _ := json.Marshal(shares)
 			a[annoShares] = string(raw)
 		})

@@ -306,3 +306,77 @@ func TestBudget_FloatResidueIsNoHeadroom(t *testing.T) {
 	}
 	e.checkSum("after the raise")
 }
+
+// A rolling update lowers the budget: r0 still runs with the old 100/s, r1
+// restarts with 10/s. r0 must lower to r1's budget so that r1 gets a share;
+// r1 never holds one while the two sum above its budget. (Before each entry
+// carried its replica's budget, r1 found r0 holding 100/s, got no share and
+// never became ready.)
+func TestBudget_RollingUpdateToASmallerBudget(t *testing.T) {
+	e := newBudgetEnv(t, false) // r0 is only used for the clock and fake API server
+	old := newBudgetReplica(t, e, "old", 100, 50)
+	restarted := newBudgetReplica(t, e, "new", testGlobalRate, testGlobalBurst)
+	for _, pair := range [][2]*Coordinator{{old, restarted}, {restarted, old}} {
+		l, err := e.kube.CoordinationV1().Leases("ns").Get(e.ctx, ReplicaLeaseName(pair[1].self), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pair[0].seen[pair[1].self] = observed{version: l.ResourceVersion, since: e.clk.Now()}
+		pair[0].publish()
+	}
+	step := func(c *Coordinator, live ...string) {
+		t.Helper()
+		l, err := e.kube.CoordinationV1().Leases("ns").Get(e.ctx, budgetLeaseName, metav1.GetOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		if err != nil {
+			l = nil
+		}
+		c.budget.observe(l, live, len(live))
+		c.budget.adjust(e.ctx)
+	}
+	step(old, "old") // alone, with the old budget
+	if s := old.Budget(); s.Rate != 100 {
+		t.Fatalf("old replica alone holds %+v, want 100/s", s)
+	}
+	for i := range 6 {
+		step(restarted, "old", "new")
+		step(old, "old", "new")
+		if restarted.budget.held() {
+			sum := restarted.Budget().Rate + e.shares()["old"].Rate
+			if sum > testGlobalRate+rateEpsilon {
+				t.Fatalf("round %d: the restarted replica holds %v/s while the old one publishes %v: %.2f/s, above its budget %d/s",
+					i, restarted.Budget(), e.shares()["old"], sum, testGlobalRate)
+			}
+		}
+	}
+	if !restarted.budget.held() || restarted.Budget().Rate != testGlobalRate/2 {
+		t.Fatalf("the restarted replica holds %+v (held %v), want half of %d/s: shares %v",
+			restarted.Budget(), restarted.budget.held(), testGlobalRate, e.shares())
+	}
+	if s := old.Budget(); s.Rate > testGlobalRate/2+rateEpsilon {
+		t.Fatalf("the old replica still holds %+v, want at most half of the smaller budget", s)
+	}
+	if got := e.shares()["new"]; got.Limit != testGlobalRate || got.LimitBurst != testGlobalBurst {
+		t.Errorf("the restarted replica published %+v, want its budget %d/%d in it", got, testGlobalRate, testGlobalBurst)
+	}
+}
+
+// newBudgetReplica is another replica with its own budget on e's fake API
+// server and clock, its replica Lease renewed.
+func newBudgetReplica(t *testing.T, e *budgetEnv, name string, rate float64, burst int64) *Coordinator {
+	t.Helper()
+	nodeInf := informers.NewSharedInformerFactory(e.kube, 0).Core().V1().Nodes().Informer()
+	cfg := DefaultConfig()
+	cfg.Namespace = "ns"
+	c, err := New(cfg, name,
+		Addresses{GRPC: "127.0.0.1:1", HTTP: "127.0.0.1:2"},
+		Deps{Kube: e.kube, Nodes: noNodes{}, NodeInformer: nodeInf, Clock: e.clk,
+			Budget: rateRecorder{}, GlobalRate: rate, GlobalBurst: burst}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renew(t, c)
+	return c
+}

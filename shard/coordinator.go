@@ -54,6 +54,7 @@ type Coordinator struct {
 	kube       kubernetes.Interface
 	nodes      NodeServer
 	gossip     func() []string
+	gossipAt   func() string
 	clock      clock.WithTicker
 	log        *slog.Logger
 	metrics    *metrics
@@ -117,6 +118,11 @@ type Deps struct {
 	// Lease: one that cannot gossip with us (another key, cut off) takes no
 	// partitions from us. Nil: Leases alone.
 	Gossip func() []string
+	// GossipAddr is this replica's gossip address (host:port), known once
+	// memberlist listens; published in the replica Lease so that replicas
+	// find each other without DNS (Fence.GossipSeeds). Nil or "": not
+	// published.
+	GossipAddr func() string
 	// Clock is the Coordinator's (and the Fence's) clock. Nil: the real one.
 	Clock clock.WithTicker
 	// FenceProbe asks the API server, with a dry-run wep write under tok,
@@ -158,6 +164,7 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 		kube:         deps.Kube,
 		nodes:        deps.Nodes,
 		gossip:       deps.Gossip,
+		gossipAt:     deps.GossipAddr,
 		clock:        deps.Clock,
 		log:          log,
 		metrics:      m,

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
 )
 
 type noNodes struct{}
@@ -347,5 +350,26 @@ func TestCoordinator_NotReadyWhileClaiming(t *testing.T) {
 	c.reconcileNodes(ctx, clk.Now(), nil)
 	if c.readyReason != "" {
 		t.Fatalf("not ready once partition 7 (no nodes) is served: %s", c.readyReason)
+	}
+}
+
+// Every replica serves the same nodes: those ipam.ServesNode accepts, read
+// from the Node objects alone (a BBC node with a cce:// providerID is not
+// served; an unlabelled one is).
+func TestCoordinator_ServedNodesAreBCCNodes(t *testing.T) {
+	c, _ := newTestCoordinator(t)
+	for name, typ := range map[string]string{"bcc": "BCC", "gpu": "GPU", "dcc": "DCC", "bbc": "BBC", "old": ""} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{ProviderID: "cce://i-" + name}}
+		if typ != "" {
+			n.Labels = map[string]string{ipam.LabelInstanceTypeBeta: typ}
+		}
+		if err := c.nodeInformer.GetStore().Add(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := c.servedNodes()
+	slices.Sort(got)
+	if want := []string{"bcc", "dcc", "gpu", "old"}; !slices.Equal(got, want) {
+		t.Fatalf("served nodes %v, want %v", got, want)
 	}
 }

@@ -3,6 +3,7 @@ package shard
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -110,6 +111,26 @@ func (s *snapshot) expired(self, r string, now time.Time, leaseDuration time.Dur
 // peerExpired is expired on the current snapshot (the budget's view).
 func (f *Fence) peerExpired(m string, now time.Time) bool {
 	return f.load().expired(f.self, m, now, f.leaseDuration)
+}
+
+// GossipSeeds are the gossip addresses of the other replicas whose Leases
+// are present, not expired and not leaving: membership joins them as well as
+// its seeds and DNS name, so that replicas find each other without CoreDNS
+// (whose pods may be waiting for an IP from us).
+func (f *Fence) GossipSeeds() []string {
+	s := f.load()
+	if s == nil {
+		return nil
+	}
+	now := f.clock.Now()
+	var out []string
+	for m, o := range s.peers {
+		if o.gossip != "" && o.version != "" && !o.leaving && !s.expired(f.self, m, now, f.leaseDuration) {
+			out = append(out, o.gossip)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // peerVersion is the version of m's Lease as last observed ("" absent).

@@ -135,4 +135,5 @@ func (r *Router) UnaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 var (
 	methodAllocate = "/" + rpc.CNIBackend_ServiceDesc.ServiceName + "/AllocateIP"
 	methodRelease  = "/" + rpc.CNIBackend_ServiceDesc.ServiceName + "/ReleaseIP"
+	methodCheck    = "/" + rpc.CNIBackend_ServiceDesc.ServiceName + "/CheckIP"
 )

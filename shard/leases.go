@@ -29,6 +29,7 @@ const (
 	// leaving (others then drop it from the ring at once).
 	annoGRPC    = "cce.io/grpc-addr"
 	annoHTTP    = "cce.io/http-addr"
+	annoGossip  = "cce.io/gossip-addr"
 	annoLeaving = "cce.io/leaving"
 	annoMember  = "cce.io/member"
 	// annoShares on the budget Lease: JSON {member: {rate, burst}}.

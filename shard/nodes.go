@@ -4,10 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
 )
 
 // Node serving: the nodes of Serving partitions are started (rebuilt in
@@ -42,13 +43,14 @@ func newNodeServing() nodeServing {
 	}
 }
 
-// servedNodes lists the nodes this controller serves: BCC nodes (a cce://
-// provider ID) not being deleted.
+// servedNodes lists the nodes this controller serves: the BCC nodes not
+// being deleted (ipam.ServesNode, a pure function of the Node object, so
+// every replica counts the same nodes).
 func (c *Coordinator) servedNodes() []string {
 	all, _ := c.nodeLister.List(labels.Everything())
 	names := make([]string, 0, len(all))
 	for _, n := range all {
-		if n.DeletionTimestamp == nil && strings.HasPrefix(n.Spec.ProviderID, "cce://") {
+		if ok, _ := ipam.ServesNode(n); ok {
 			names = append(names, n.Name)
 		}
 	}

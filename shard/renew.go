@@ -82,6 +82,7 @@ func (c *Coordinator) wantLease(sent time.Time) *coordv1.Lease {
 				annoMember:  c.self,
 				annoGRPC:    c.addrs.GRPC,
 				annoHTTP:    c.addrs.HTTP,
+				annoGossip:  c.gossipAddr(),
 				annoLeaving: fmt.Sprint(c.lease.leaving.Load()),
 			},
 		},
@@ -152,4 +153,12 @@ func (c *Coordinator) deleteLease() {
 	if err != nil && !apierrors.IsNotFound(err) {
 		c.log.Warn("deleting the replica lease failed; others drop us when it expires", "err", err)
 	}
+}
+
+// gossipAddr is what the replica Lease advertises for joining gossip.
+func (c *Coordinator) gossipAddr() string {
+	if c.gossipAt == nil {
+		return ""
+	}
+	return c.gossipAt()
 }

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -16,6 +17,10 @@ import (
 // Locator finds the node a call is about (ipam.IPAM implements it).
 type Locator interface {
 	PodNode(ctx context.Context, ref podip.PodRef) (string, error)
+	// CallNode is the node the call names, when it is a known node: the
+	// CNI plugin runs on the sandbox's node, so a DEL or CheckIP goes there
+	// without a read. ok=false: EndpointNode reads the wep instead.
+	CallNode(ref podip.PodRef) (node string, ok bool)
 	EndpointNode(ctx context.Context, ref podip.PodRef) (string, bool, error)
 	// NodeGone and ReleaseOnDeletedNode serve a DEL for a node that no
 	// longer exists (no replica owns it, so it cannot be routed).
@@ -97,15 +102,20 @@ func (r *Router) Allocate(ctx context.Context, ref podip.PodRef) (podip.Endpoint
 	return ep, err
 }
 
-// Release implements podip.Backend. The node comes from the pod's wep: the
-// pod may already be gone.
+// Release implements podip.Backend. The node is the one the call names
+// when that is a known node (the sandbox's wep names it: ipam's
+// REQUESTS.md), else the pod's wep's: the pod may already be gone.
 func (r *Router) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
-	node, ok, err := r.locator.EndpointNode(ctx, ref)
-	if err != nil {
-		return podip.Endpoint{}, false, err
-	}
+	node, ok := r.locator.CallNode(ref)
 	if !ok {
-		return podip.Endpoint{}, false, nil // nothing to free anywhere
+		var err error
+		node, ok, err = r.locator.EndpointNode(ctx, ref)
+		if err != nil {
+			return podip.Endpoint{}, false, err
+		}
+		if !ok {
+			return podip.Endpoint{}, false, nil // nothing to free anywhere
+		}
 	}
 	local := func(ctx context.Context) (podip.Endpoint, bool, error) { return r.local.Release(ctx, ref) }
 	if r.locator.NodeGone(ctx, node) {
@@ -149,11 +159,46 @@ func sendRelease(ctx context.Context, c rpc.CNIBackendClient, ref podip.PodRef) 
 	return reply, nil
 }
 
-// Check implements podip.Backend: the wep is the record, any replica can
-// answer it.
+// Check implements podip.Backend. The wep is the record, so any replica can
+// answer by reading it; the owner of the node the call names answers from
+// what it wrote, without a read. So a CheckIP for a known node goes to its
+// owner once (no wait for a node without one); anything else, or a forward
+// that fails, is answered here.
 func (r *Router) Check(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
+	node, ok := r.locator.CallNode(ref)
+	if !ok {
+		return r.local.Check(ctx, ref)
+	}
+	if _, forwarded := forwardedFrom(ctx); !forwarded {
+		if rt := r.fwd.routes.RouteOf(node); !rt.Local && rt.GRPC != "" {
+			ep, ok, err := r.fwd.forward(ctx, methodCheck, rt, ref,
+				func(ctx context.Context, c rpc.CNIBackendClient) (podip.Endpoint, bool, error) {
+					reply, err := c.CheckIP(ctx, &rpc.CheckIPRequest{
+						K8SPodName:             ref.Name,
+						K8SPodNamespace:        ref.Namespace,
+						K8SPodInfraContainerID: ref.ContainerID,
+						K8SNodeName:            ref.Node,
+					})
+					if err != nil {
+						return podip.Endpoint{}, false, err
+					}
+					if !reply.GetIsSuccess() {
+						// Truthful "no IP" and refusals look alike on the
+						// wire: read it here.
+						return podip.Endpoint{}, false, errCheckHere
+					}
+					return fromWire(reply.GetENIMultiIP()), true, nil
+				})
+			if err == nil {
+				return ep, ok, nil
+			}
+		}
+	}
 	return r.local.Check(ctx, ref)
 }
+
+// errCheckHere sends a CheckIP the owner did not confirm to a local read.
+var errCheckHere = errors.New("check locally")
 
 // route sends a call for node where it is served: locally, forwarded, or
 // (for a node deleted meanwhile) to gone.

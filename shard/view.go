@@ -21,6 +21,7 @@ type observed struct {
 	leaving bool
 	grpc    string
 	http    string
+	gossip  string
 }
 
 // writtenClaim is a claim this replica wrote, kept until the watch shows it:
@@ -86,7 +87,7 @@ func (c *Coordinator) observe(present map[string]*coordv1.Lease, now time.Time) 
 			o.version, o.since = l.ResourceVersion, now
 		}
 		o.leaving = l.Annotations[annoLeaving] == "true"
-		o.grpc, o.http = l.Annotations[annoGRPC], l.Annotations[annoHTTP]
+		o.grpc, o.http, o.gossip = l.Annotations[annoGRPC], l.Annotations[annoHTTP], l.Annotations[annoGossip]
 		c.seen[m] = o
 	}
 	for m, o := range c.seen {

@@ -13,6 +13,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"log/slog"
 	"net"
 	"net/http"
@@ -32,7 +34,10 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/clock"
@@ -41,8 +46,11 @@ import (
 	"github.com/cce-ipam/sharded/ipamcore/cni"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
+	"github.com/cce-ipam/sharded/ipamcore/ipclaim"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
+	"github.com/cce-ipam/sharded/ipamcore/spread"
 	"github.com/cce-ipam/sharded/ipamcore/subnet"
+	"github.com/cce-ipam/sharded/ipamcore/webhook"
 	"github.com/cce-ipam/sharded/membership"
 	"github.com/cce-ipam/sharded/shard"
 )
@@ -55,6 +63,8 @@ type options struct {
 	grpcListen    string
 	metricsListen string
 	logLevel      string
+	logFormat     string
+	showVersion   bool
 	profiling     bool
 	kubeQPS       float32
 	kubeBurst     int
@@ -64,9 +74,12 @@ type options struct {
 	ipam          ipam.Config
 	cni           cni.Config
 	subnet        subnet.Config
+	claims        ipclaim.Config
+	spread        spread.Config
 	members       membership.Config
 	leader        membership.LeaderConfig
 	shard         shard.Config
+	webhook       webhook.Config
 }
 
 func (o *options) registerFlags(fs *pflag.FlagSet) {
@@ -77,19 +90,29 @@ func (o *options) registerFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.profiling, "enable-profiling", false,
 		"serve Go's /debug/pprof/ on the metrics address (heap and CPU profiles; do not expose that address outside the cluster)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.Float32Var(&o.kubeQPS, "kube-api-qps", 50, "queries per second to the API server (client-side limit; lease renewals have their own)")
-	fs.IntVar(&o.kubeBurst, "kube-api-burst", 100, "burst of queries to the API server")
-	fs.Float32Var(&o.watchQPS, "kube-watch-qps", 100,
-		"queries per second for the served nodes' pod watches (one per node, started on a takeover; "+
-			"a client of their own so that they do not delay CNI calls)")
-	fs.IntVar(&o.watchBurst, "kube-watch-burst", 200, "burst of the served nodes' watch requests")
+	fs.StringVar(&o.logFormat, "log-format", logFormatJSON,
+		"log format on stderr: json (one JSON object per line) or text; client-go's logs go through the same handler")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.Float32Var(&o.kubeQPS, "kube-api-qps", 0,
+		"client-side ceiling on queries per second to the API server of the CNI path and the pool workers; "+
+			"0 or negative: none (the default: the API server's Priority and Fairness protects it, see the chart's "+
+			"flowControl values); lease renewals have their own client")
+	fs.IntVar(&o.kubeBurst, "kube-api-burst", 100, "burst of queries to the API server, with --kube-api-qps > 0")
+	fs.Float32Var(&o.watchQPS, "kube-watch-qps", 0,
+		"client-side ceiling on queries per second of the served nodes' pod watches (one per node, started on a "+
+			"takeover; a client of their own so that they do not delay CNI calls); 0 or negative: none, "+
+			"as --kube-api-qps")
+	fs.IntVar(&o.watchBurst, "kube-watch-burst", 200, "burst of the served nodes' watch requests, with --kube-watch-qps > 0")
 	o.cloud.RegisterFlags(fs)
 	o.ipam.RegisterFlags(fs)
 	o.cni.RegisterFlags(fs)
 	o.subnet.RegisterFlags(fs)
+	o.claims.RegisterFlags(fs)
+	o.spread.RegisterFlags(fs)
 	o.members.RegisterFlags(fs)
 	o.leader.RegisterFlags(fs)
 	o.shard.RegisterFlags(fs)
+	o.webhook.RegisterFlags(fs)
 }
 
 // Validate checks every component's options, once they are complete (the
@@ -100,9 +123,12 @@ func (o options) Validate() error {
 		o.ipam.Validate(),
 		o.cni.Validate(),
 		o.subnet.Validate(),
+		o.claims.Validate(),
+		o.spread.Validate(),
 		o.members.Validate(),
 		o.leader.Validate(),
 		o.shard.Validate(),
+		o.webhook.Validate(),
 	)
 }
 
@@ -110,15 +136,22 @@ func main() {
 	var o options
 	fs := pflag.NewFlagSet("cce-ipam", pflag.ContinueOnError)
 	o.registerFlags(fs)
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	ref := registerRefFlags(fs, &o)
+	if err := fs.Parse(refArgs(os.Args[1:])); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return
 		}
 		os.Exit(2)
 	}
+	if err := ref.apply(&o, os.Getenv); err != nil {
+		fmt.Fprintf(os.Stderr, "cce-ipam: %v\n", err)
+		os.Exit(2)
+	}
+	o.cloud.ClusterID = o.ipam.ClusterID // the CCE gateway's cce-cluster header
 	if !fs.Changed("leader-elect-lease-namespace") {
 		o.leader.Namespace = o.shard.Namespace // the leader Lease follows --namespace
 	}
+	o.webhook.Namespace = o.shard.Namespace // the webhook Secret and Service live there too
 	if !fs.Changed("memberlist-name-prefix") && os.Getenv("POD_NAME") != "" {
 		o.members.NamePrefix = os.Getenv("POD_NAME")
 	}
@@ -127,12 +160,16 @@ func main() {
 	}
 	o.members.NamePrefix = strings.ToLower(o.members.NamePrefix)
 	o.members.Version = version
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		fmt.Fprintf(os.Stderr, "cce-ipam: --log-level: %v\n", err)
+	if o.showVersion {
+		fmt.Println(currentBuild())
+		return
+	}
+	log, err := newLogger(os.Stderr, o.logFormat, o.logLevel)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cce-ipam: %v\n", err)
 		os.Exit(2)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ref.logNotes(log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	r, err := newReplica(o, log)
@@ -155,10 +192,13 @@ type replica struct {
 	members    *membership.Membership
 	elector    *membership.Elector
 	core       *ipam.IPAM
+	psts       *pstsParts
+	webhook    *webhook.Server // nil unless --webhook-enabled
 	coord      *shard.Coordinator
 	forwarder  *shard.Forwarder
 	router     *shard.Router
 	grpc       *grpc.Server
+	health     *health.Server // grpc.health.v1, following readiness
 	http       *http.Server
 }
 
@@ -175,35 +215,58 @@ type kubeClients struct {
 	probe cceclient.Interface
 	// watch runs the served nodes' pod watches.
 	watch kubernetes.Interface
+	// meta reads object metadata only: the leader's PSTS status controller
+	// watches pods through it (their annotations, not their specs), on a
+	// connection of its own so that it does not spend the IPAM's rate.
+	meta metadata.Interface
 }
 
-func newKubeClients(o options, log *slog.Logger) (kubeClients, error) {
+func newKubeClients(o options, log *slog.Logger, throttled *throttleCounter) (kubeClients, error) {
 	restCfg, err := kubeConfig(o.kubeconfig)
 	if err != nil {
 		return kubeClients{}, err
 	}
 	restCfg.WarningHandler = &warnOnce{log: log}
-	restCfg.QPS, restCfg.Burst = o.kubeQPS, o.kubeBurst
+	restCfg.QPS, restCfg.Burst = clientQPS(o.kubeQPS), o.kubeBurst
 	restCfg.UserAgent = "cce-ipam/" + version
 	leaseCfg := ownConnection(restCfg)
 	leaseCfg.QPS, leaseCfg.Burst = 100, 300
 	probeCfg := ownConnection(restCfg)
 	probeCfg.QPS, probeCfg.Burst = 100, 300
 	watchCfg := ownConnection(restCfg)
-	watchCfg.QPS, watchCfg.Burst = o.watchQPS, o.watchBurst
+	watchCfg.QPS, watchCfg.Burst = clientQPS(o.watchQPS), o.watchBurst
 	// Pods travel as protobuf (smaller and cheaper to decode).
 	watchCfg.ContentType = "application/vnd.kubernetes.protobuf"
 	watchCfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	// No gzip: every per-node pod watch would hold a decompressor for a
 	// trickle of events (shard/DESIGN.md, "Process wiring").
 	watchCfg.DisableCompression = true
+	metaCfg := ownConnection(restCfg)
+	metaCfg.QPS, metaCfg.Burst = clientQPS(o.watchQPS), o.watchBurst
+	// Wrapped after the copies, so that each counts under its own name.
+	throttled.wrap(restCfg, "main")
+	throttled.wrap(leaseCfg, "lease")
+	throttled.wrap(probeCfg, "probe")
+	throttled.wrap(watchCfg, "watch")
+	throttled.wrap(metaCfg, "metadata")
 	return kubeClients{
+		meta:  metadata.NewForConfigOrDie(metaCfg),
 		kube:  kubernetes.NewForConfigOrDie(restCfg),
 		cce:   cceclient.NewForConfigOrDie(restCfg),
 		lease: kubernetes.NewForConfigOrDie(leaseCfg),
 		probe: cceclient.NewForConfigOrDie(probeCfg),
 		watch: kubernetes.NewForConfigOrDie(watchCfg),
 	}, nil
+}
+
+// clientQPS maps a --kube-*-qps value to client-go's: a negative QPS builds
+// no client-side limiter at all (rest.RESTClientForConfigAndClient), while 0
+// would mean client-go's default of 5/s, so 0 means "none" here too.
+func clientQPS(qps float32) float32 {
+	if qps <= 0 {
+		return -1
+	}
+	return qps
 }
 
 // newReplica builds the components in dependency order: gossip (which names
@@ -226,12 +289,13 @@ func newReplica(o options, log *slog.Logger) (_ *replica, err error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	clients, err := newKubeClients(o, log)
+	reg := prometheus.NewRegistry()
+	clients, err := newKubeClients(o, log, newThrottleCounter(reg))
 	if err != nil {
 		return nil, err
 	}
-	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(reg, currentBuild())
 	if r.members, err = membership.New(o.members, start, log.With("component", "membership"), reg); err != nil {
 		return nil, err
 	}
@@ -239,7 +303,14 @@ func newReplica(o options, log *slog.Logger) (_ *replica, err error) {
 	r.log = log.With("member", self)
 	// The fence first: the cloud client asks its gate before every attempt.
 	fence := shard.NewFence(o.shard, self, clock.RealClock{})
-	if r.provider, err = cloud.New(o.cloud, log.With("component", "cloud"), reg, cloud.WithGate(fence.Gate)); err != nil {
+	if r.provider, err = cloud.New(o.cloud, log.With("component", "cloud"), reg, cloud.WithGate(fence.Gate),
+		cloud.WithSecretGetter(secretGetter(clients.kube))); err != nil {
+		return nil, err
+	}
+	if r.psts, err = newPSTSParts(o, clients, r.log, reg); err != nil {
+		return nil, err
+	}
+	if r.webhook, err = newWebhook(o, clients, r.provider, r.log, reg); err != nil {
 		return nil, err
 	}
 	leaderName, err := r.newElector(o, clients, self, reg)
@@ -278,18 +349,32 @@ func (r *replica) listen(o *options) (shard.Addresses, error) {
 }
 
 // newElector builds the leader election, which runs the singletons: the
-// Subnet controller (and, through IsLeader, the IPAM's sweep of the IPPools
-// of deleted nodes). It returns the current leader's name as it changes.
+// Subnet controller, the PSTS and PSTT controllers, the IPClaim keeper (and,
+// through IsLeader, the IPAM's sweep of the IPPools of deleted nodes). It
+// returns the current leader's name as it changes.
 func (r *replica) newElector(o options, clients kubeClients, self string, reg prometheus.Registerer) (*atomic.Value, error) {
 	leaderName := &atomic.Value{} // string
 	leaderName.Store("")
-	subnets := subnet.NewController(o.subnet, clients.cce, r.provider, r.log.With("component", "subnet"), reg)
-	var err error
+	subnets := subnet.NewController(o.subnet, clients.cce, r.provider, r.log.With("component", "subnet"), reg,
+		subnet.WithEvents(clients.kube))
+	spreads, err := spread.New(o.spread, spread.Deps{Kube: clients.kube, CCE: clients.cce, Metadata: clients.meta},
+		r.log.With("component", "spread"), reg)
+	if err != nil {
+		return nil, err
+	}
 	r.elector, err = membership.NewElector(o.leader, clients.kube, self, membership.LeaderCallbacks{
 		OnStartedLeading: func(ctx context.Context) {
+			var wg sync.WaitGroup
+			wg.Go(func() { r.psts.lead(ctx, r.log) })
+			wg.Go(func() {
+				if err := spreads.Run(ctx); err != nil && ctx.Err() == nil {
+					r.log.Error("PSTS controllers stopped", "err", err)
+				}
+			})
 			if err := subnets.Run(ctx); err != nil && ctx.Err() == nil {
 				r.log.Error("subnet controller stopped", "err", err)
 			}
+			wg.Wait()
 		},
 		OnNewLeader: func(id string) { leaderName.Store(id) },
 	}, r.log.With("component", "leader"), reg)
@@ -318,6 +403,7 @@ func (r *replica) newShard(o options, clients kubeClients, self string, addrs sh
 		Cloud:        r.provider,
 		Fence:        fence,
 		FixedIPMover: r.forwarder,
+		Claims:       r.psts.ledger,
 		IsLeader:     r.elector.IsLeader,
 		WatchKube:    clients.watch,
 	}, r.log.With("component", "ipam"), reg)
@@ -341,6 +427,7 @@ func (r *replica) newShard(o options, clients kubeClients, self string, addrs sh
 			}
 			return names
 		},
+		GossipAddr: members.LocalAddr, // "" until memberlist listens
 		FenceProbe: func(ctx context.Context, tok ipam.FenceToken) (bool, error) {
 			return ipam.ProbeFence(ctx, clients.probe, time.Now(), o.shard.Namespace, "cce-ipam-fence-probe", tok)
 		},
@@ -348,12 +435,27 @@ func (r *replica) newShard(o options, clients kubeClients, self string, addrs sh
 	if err != nil {
 		return err
 	}
+	members.SetSeedSource(fence.GossipSeeds) // join through the replica Leases too
 	r.router = shard.NewRouter(shard.RouterDeps{
 		Forwarder: r.forwarder,
 		Local:     r.core,
 		Locator:   r.core,
 	}, r.log.With("component", "router"))
 	return nil
+}
+
+// secretGetter reads the CCE gateway's token Secret for the cloud client.
+func secretGetter(kube kubernetes.Interface) cloud.SecretGetter {
+	return func(ctx context.Context, namespace, name string) (map[string][]byte, error) {
+		s, err := kube.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("%w: %w", cloud.ErrSecretNotFound, err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return s.Data, nil
+	}
 }
 
 // forwardKey loads the key that authenticates forwarded calls: the forward
@@ -380,6 +482,11 @@ func forwardKey(o options, log *slog.Logger) ([]byte, error) {
 func (r *replica) newServers(o options, leaderName *atomic.Value, reg *prometheus.Registry) {
 	r.grpc = grpc.NewServer(grpc.UnaryInterceptor(r.router.UnaryInterceptor))
 	rpc.RegisterCNIBackendServer(r.grpc, cni.NewServer(o.cni, r.router, r.log.With("component", "cni"), reg))
+	r.health = health.NewServer()
+	for _, svc := range healthServices {
+		r.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING) // until runHealth finds it ready
+	}
+	healthpb.RegisterHealthServer(r.grpc, r.health)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
@@ -398,32 +505,16 @@ func (r *replica) newServers(o options, leaderName *atomic.Value, reg *prometheu
 	}
 }
 
-// readyz: ready once caches are synced, gossip is up, the lease is held and
-// every owned node is built; a replica fenced by its own clock only says so.
-func (r *replica) readyz(w http.ResponseWriter, _ *http.Request) {
-	if err := r.ready(); err != nil {
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
-		return
+// newWebhook builds the admission webhooks every replica serves, or nil
+// when they are off. They read their own informers (PSTS, Subnets, the
+// certificate Secret, the two webhook configurations), started by Run.
+func newWebhook(o options, clients kubeClients, provider cloud.Provider, log *slog.Logger,
+	reg prometheus.Registerer) (*webhook.Server, error) {
+	if !o.webhook.Enabled {
+		return nil, nil
 	}
-	if detail := r.coord.FencingPolicy(); detail != "" {
-		_, _ = w.Write([]byte("ok; WARNING: " + detail))
-		return
-	}
-	_, _ = w.Write([]byte("ok"))
-}
-
-func (r *replica) ready() error {
-	select {
-	case <-r.core.Ready():
-	default:
-		return errors.New("caches not synced")
-	}
-	select {
-	case <-r.members.Started():
-	default:
-		return errors.New("gossip not started")
-	}
-	return r.coord.Ready()
+	return webhook.New(o.webhook, webhook.Deps{Kube: clients.kube, CCE: clients.cce, Cloud: provider},
+		log.With("component", "webhook"), reg)
 }
 
 // closeEarly releases what a failed newReplica had already opened.
@@ -470,6 +561,10 @@ func (r *replica) serve(ctx context.Context) error {
 	defer stopCoord()
 
 	g.Go(func() error { return r.core.Run(gctx) })
+	g.Go(func() error { return r.psts.run(gctx) })
+	if r.webhook != nil {
+		g.Go(func() error { return r.webhook.Run(gctx) })
+	}
 	g.Go(func() error { return r.members.Run(gctx) })
 	g.Go(func() error {
 		for ev := range r.members.Events() {
@@ -484,6 +579,7 @@ func (r *replica) serve(ctx context.Context) error {
 		cancelBase() // step 2: the rest stops once the coordinator has left
 		return err
 	})
+	g.Go(func() error { r.runHealth(gctx, r.health); return nil })
 	g.Go(func() error { return r.grpc.Serve(r.grpcLis) })
 	g.Go(func() error {
 		if err := r.http.Serve(r.metricsLis); !errors.Is(err, http.ErrServerClosed) {

@@ -4,7 +4,9 @@ package main_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"io"
 	"log/slog"
 	"net"
@@ -162,6 +164,21 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 	}
 	defer conn.Close()
 	cni := rpc.NewCNIBackendClient(conn)
+	// Readiness by name, and the gRPC health service following it.
+	if v := httpGet(t, "http://"+metricsAddr+"/readyz?verbose"); !strings.Contains(v, "[+]caches ok") ||
+		!strings.Contains(v, "[+]gossip ok") || !strings.Contains(v, "[+]shard ok") || !strings.Contains(v, "readyz check passed") {
+		t.Errorf("/readyz?verbose = %q, want every check listed as ok", v)
+	}
+	hc := healthpb.NewHealthClient(conn)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: rpc.CNIBackend_ServiceDesc.ServiceName})
+		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("grpc.health.v1 Check = %v, %v; want SERVING once /readyz is ok", resp, err)
+		}
+	}
 	var reply *rpc.AllocateIPReply
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -219,6 +236,35 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("cce-ipam did not stop within 20s of SIGTERM")
+	}
+	checkJSONLog(t, ipamProc.LogPath())
+}
+
+// checkJSONLog: the replica's whole output, start to stop, is one JSON
+// object per line, client-go's (leader election, reflectors) included.
+func checkJSONLog(t *testing.T, path string) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines, fromClientGo int
+	for _, l := range strings.Split(string(raw), "\n") {
+		if l == "" || strings.HasPrefix(l, "=== ") { // the supervisor's own start/exit markers
+			continue
+		}
+		lines++
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Errorf("log line %d is not JSON: %.300q", lines, l)
+			continue
+		}
+		if rec["component"] == "client-go" {
+			fromClientGo++
+		}
+	}
+	if lines == 0 || fromClientGo == 0 {
+		t.Errorf("%d log lines, %d of them client-go's: want client-go's among them (leader election logs)", lines, fromClientGo)
 	}
 }
 

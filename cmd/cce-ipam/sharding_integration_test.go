@@ -693,3 +693,43 @@ func TestSharding_ReleaseOnDeletedNode(t *testing.T) {
 		t.Fatal("the wep of the pod on the deleted node is still there")
 	}
 }
+
+// A cold start where DNS cannot help (in a cluster, CoreDNS's own pods may
+// be waiting for IPs from us): the replicas get no join seeds, and their
+// DNS name answers only a port where nothing gossips ("localhost:1", so
+// that no query leaves the machine). They find each other through the
+// gossip addresses in their Leases and form one ring.
+func TestSharding_ColdStartWithoutDNSFormsOneRing(t *testing.T) {
+	e := startShards(t, fleet.Options{
+		Name:        "nodns",
+		Replicas:    3,
+		NoJoinSeeds: true,
+		ReplicaArgs: []string{"--memberlist-join-dns", "localhost:1"},
+	}, 6)
+	holders, took := e.settle(90 * time.Second)
+	t.Logf("3 replicas without seeds settled in %s", took)
+	owners := map[string]bool{}
+	for _, h := range holders {
+		owners[h] = true
+	}
+	if len(owners) < 2 {
+		t.Errorf("6 nodes held by %d replica(s), want them spread: %v", len(owners), holders)
+	}
+	// One ring: a pod on every node gets its IP through the first replica,
+	// forwarded to the owner.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var results []result
+	for _, node := range e.Nodes() {
+		pod, err := e.newPod(ctx, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ip, err := e.allocate(ctx, e.Replicas()[0], pod)
+		if err != nil {
+			t.Fatalf("allocate %s on %s: %v", pod, node, err)
+		}
+		results = append(results, result{pod: pod, node: node, ip: ip, via: via(e.Replicas()[0])})
+	}
+	e.checkIPs(ctx, results)
+}

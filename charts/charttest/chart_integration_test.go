@@ -67,6 +67,9 @@ func TestChart_LintAndTemplate(t *testing.T) {
 			if got := len(find(objs, "ServiceMonitor")); got != map[bool]int{true: 1}[tc.extras] {
 				t.Errorf("%d ServiceMonitors rendered, want one only with the ci values", got)
 			}
+			if got := len(find(objs, "PrometheusRule")); got != map[bool]int{true: 1}[tc.extras] {
+				t.Errorf("%d PrometheusRules (reference metric names) rendered, want one only with the ci values", got)
+			}
 			dashboards := find(objs, "ConfigMap")
 			if got := len(dashboards); got != map[bool]int{true: 1}[tc.extras] {
 				t.Fatalf("%d ConfigMaps rendered, want the dashboard only with the ci values", got)
@@ -230,6 +233,61 @@ func TestChart_SecretsOnlyInSecrets(t *testing.T) {
 	}
 }
 
+// With bce.credentials.mode=gateway the replicas get the CCE gateway's flags
+// instead of the AK/SK directory, no AK/SK Secret exists or is mounted, the
+// token Secret is mounted where the release shares its namespace, and a Role
+// there grants get on it by name.
+func TestChart_GatewayCredentials(t *testing.T) {
+	for _, ns := range []string{"kube-system", "cce-ipam"} {
+		objs := render(t, "rel", ns, "-f", ciValues, "--set", "bce.credentials.mode=gateway",
+			"--set", "bce.gateway.endpoint=gw.example:8080")
+		c := container(t, deployment(t, objs))
+		args := strings.Join(c.Args, " ")
+		for _, want := range []string{"--cce-gateway-token-secret=kube-system/cce-plugin-token",
+			"--cce-gateway-token-dir=/var/run/secrets/cce/cce-plugin-token", "--cce-gateway-endpoint=gw.example:8080"} {
+			if !strings.Contains(args, want) {
+				t.Errorf("%s: args lack %s: %s", ns, want, args)
+			}
+		}
+		if strings.Contains(args, "--bce-credentials-dir") {
+			t.Errorf("%s: gateway mode still passes --bce-credentials-dir", ns)
+		}
+		for _, sec := range find(objs, "Secret") {
+			if _, ok, _ := unstructured.NestedString(sec.Object, "data", "access-key-id"); ok {
+				t.Errorf("%s: AK/SK Secret %s rendered in gateway mode", ns, sec.GetName())
+			}
+		}
+		mounted := false
+		for _, m := range c.VolumeMounts {
+			if m.Name == "bce-credentials" {
+				t.Errorf("%s: AK/SK volume mounted in gateway mode", ns)
+			}
+			mounted = mounted || (m.Name == "cce-plugin-token" && m.MountPath == "/var/run/secrets/cce/cce-plugin-token")
+		}
+		if mounted != (ns == "kube-system") {
+			t.Errorf("%s: token Secret mounted = %v, want it only in its own namespace", ns, mounted)
+		}
+		roles := find(objs, "Role", "rel-cce-ipam-cce-gateway-token")
+		if len(roles) != 1 || roles[0].GetNamespace() != "kube-system" {
+			t.Fatalf("%s: token Role %v", ns, roles)
+		}
+		rules, _, _ := unstructured.NestedSlice(roles[0].Object, "rules")
+		if got := fmt.Sprint(rules); !strings.Contains(got, "cce-plugin-token") || !strings.Contains(got, "[get]") ||
+			strings.Contains(got, "list") {
+			t.Errorf("%s: token Role rules %s, want get on cce-plugin-token only", ns, got)
+		}
+		if len(find(objs, "RoleBinding", "rel-cce-ipam-cce-gateway-token")) != 1 {
+			t.Errorf("%s: no RoleBinding for the token Role", ns)
+		}
+	}
+	// The default stays AK/SK.
+	def := render(t, "rel", "kube-system", "-f", ciValues)
+	if args := strings.Join(container(t, deployment(t, def)).Args, " "); strings.Contains(args, "cce-gateway") ||
+		!strings.Contains(args, "--bce-credentials-dir") {
+		t.Errorf("default args: %s", args)
+	}
+}
+
 // values.schema.json refuses bad values (helm template fails naming the
 // value), and accepts good overrides.
 func TestChart_SchemaRejectsBadValues(t *testing.T) {
@@ -248,6 +306,11 @@ func TestChart_SchemaRejectsBadValues(t *testing.T) {
 		{"extraArgs[0]=no-dashes", "/extraArgs/0"},
 		{"image.pullPolicy=Sometimes", "/image/pullPolicy"},
 		{"bce.credentials.accesKeyID=typo", "additional properties 'accesKeyID' not allowed"},
+		{"webhook.pods.failurePolicy=Sometimes", "/webhook/pods/failurePolicy"},
+		{"webhook.psts.timeoutSeconds=31", "/webhook/psts/timeoutSeconds"},
+		{"bce.credentials.mode=token", "/bce/credentials/mode"},
+		{"bce.gateway.endpoint=http://gw", "/bce/gateway/endpoint"},
+		{"bce.gateway.tokenSecret=no-namespace", "/bce/gateway/tokenSecret"},
 	} {
 		_, err := helm(t, "template", "rel", chartDir, "--set", tc.set)
 		if err == nil {
@@ -271,6 +334,7 @@ func TestChart_ServerDryRunAccepted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	installServiceMonitorCRD(t, ctx)
+	installPrometheusRuleCRD(t, ctx)
 	dyn := dynamic.NewForConfigOrDie(cp.Config)
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(cp.Config)))
 	ns := cp.Namespace(t)
@@ -314,9 +378,9 @@ func TestChart_ServerDryRunAccepted(t *testing.T) {
 					t.Errorf("no %s rendered (kinds: %v)", k, kinds)
 				}
 			}
-			if kinds["CustomResourceDefinition"] != 5 {
-				t.Errorf("%d CRDs rendered, want 5 (workloadendpoints, ippools, subnets, podsubnettopologyspreads, "+
-					"podsubnettopologyspreadtables)", kinds["CustomResourceDefinition"])
+			if kinds["CustomResourceDefinition"] != 6 {
+				t.Errorf("%d CRDs rendered, want 6 (workloadendpoints, ippools, subnets, podsubnettopologyspreads, "+
+					"podsubnettopologyspreadtables, ipclaims)", kinds["CustomResourceDefinition"])
 			}
 		})
 	}
@@ -434,10 +498,18 @@ type rbacRow struct{ scope, group, resource, verb string }
 func TestChart_RBACMatchesDocumentedList(t *testing.T) {
 	objs := render(t, "rel", "kube-system")
 	granted := map[rbacRow]bool{}
+	// The only objects a rule may name: the webhooks' configurations and
+	// certificate Secret (the README says which rules are limited to them).
+	named := map[string]bool{"rel-cce-ipam": true, "rel-cce-ipam-webhook-certs": true}
 	add := func(scope string, rules []rbacv1.PolicyRule) {
 		for _, r := range rules {
-			if len(r.ResourceNames) > 0 || len(r.NonResourceURLs) > 0 {
+			if len(r.NonResourceURLs) > 0 {
 				t.Errorf("unexpected rule %+v", r)
+			}
+			for _, n := range r.ResourceNames {
+				if !named[n] {
+					t.Errorf("rule %+v names %q, not one of the webhooks' objects", r, n)
+				}
 			}
 			for _, g := range r.APIGroups {
 				for _, res := range r.Resources {

@@ -95,7 +95,7 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 	simURL := startBCESim(t)
 
 	// 1. One render per replica (its own ports), the Secrets of the first.
-	ports := freeport.MustGet(t, 3*fleetReplicas)
+	ports := freeport.MustGet(t, 4*fleetReplicas)
 	renders := make([][]*unstructured.Unstructured, fleetReplicas)
 	for i := range fleetReplicas {
 		renders[i] = render(t, fleetRelease, ns, "-f", valuesFile(t, map[string]any{
@@ -103,9 +103,10 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 			"bce": map[string]any{"region": "bj", "endpoint": simURL, "rate": 60, "burst": 30,
 				"credentials": map[string]any{"accessKeyID": fleetAK, "secretAccessKey": fleetSK}},
 			"listenAddress": "127.0.0.1",
-			"grpc":          map[string]any{"port": ports[3*i]},
-			"metrics":       map[string]any{"port": ports[3*i+1]},
-			"memberlist":    map[string]any{"port": ports[3*i+2]},
+			"grpc":          map[string]any{"port": ports[4*i]},
+			"metrics":       map[string]any{"port": ports[4*i+1]},
+			"memberlist":    map[string]any{"port": ports[4*i+2]},
+			"webhook":       map[string]any{"port": ports[4*i+3]},
 			// Short periods, so that a short test sees ENI syncs and GC passes.
 			"ipam": map[string]any{"eniSyncPeriod": "3s", "gcPeriod": "2s"},
 		}))
@@ -145,6 +146,29 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 
 	// 3. Pods through the replicas.
 	kube := kubernetes.NewForConfigOrDie(cp.Config)
+	t.Run("the replicas share one webhook Secret and keep the caBundles", func(t *testing.T) {
+		webhookCtx, webhookCancel := context.WithTimeout(ctx, time.Minute)
+		defer webhookCancel()
+		eventually(t, webhookCtx, 250*time.Millisecond, "caBundles equal to the webhook Secret's ca.crt", func() error {
+			s, err := kube.CoreV1().Secrets(ns).Get(ctx, fleetRelease+"-cce-ipam-webhook-certs", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			m, err := kube.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, fleetRelease+"-cce-ipam", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			v, err := kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, fleetRelease+"-cce-ipam", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			ca := string(s.Data["ca.crt"])
+			if ca == "" || string(m.Webhooks[0].ClientConfig.CABundle) != ca || string(v.Webhooks[0].ClientConfig.CABundle) != ca {
+				return fmt.Errorf("caBundles not (yet) the Secret's ca.crt")
+			}
+			return nil
+		})
+	})
 	cs := cceclient.NewForConfigOrDie(cp.Config)
 	var grpcAddrs []string
 	for _, r := range replicas {
@@ -307,11 +331,16 @@ func applyRBACAndGetKubeconfig(t *testing.T, ctx context.Context, ns string, obj
 		}
 	}
 	// The wep fencing policies and their bindings (cluster-scoped): the
-	// replicas' wep writes go through them.
+	// replicas' wep writes go through them. And the webhook configurations,
+	// whose caBundle the replicas keep (the pod webhook skips the release
+	// namespace, where this test's pods are).
 	applied := 0
 	for _, o := range objs {
 		kind := o.GetKind()
-		if kind != "ValidatingAdmissionPolicy" && kind != "ValidatingAdmissionPolicyBinding" {
+		switch kind {
+		case "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+			"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration":
+		default:
 			continue
 		}
 		m, err := mapper.RESTMapping(o.GroupVersionKind().GroupKind(), o.GroupVersionKind().Version)
@@ -339,6 +368,9 @@ func applyRBACAndGetKubeconfig(t *testing.T, ctx context.Context, ns string, obj
 	}
 	if applied == 0 {
 		t.Fatal("the render has no wep fencing policy")
+	}
+	if n := len(find(objs, "MutatingWebhookConfiguration")) + len(find(objs, "ValidatingWebhookConfiguration")); n != 2 {
+		t.Fatalf("the render has %d webhook configurations, want 2", n)
 	}
 	if d := deployment(t, objs); d.Spec.Template.Spec.ServiceAccountName != sa {
 		t.Fatalf("pods run as %q, the chart's ServiceAccount is %q", d.Spec.Template.Spec.ServiceAccountName, sa)

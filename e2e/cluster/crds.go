@@ -20,6 +20,17 @@ import (
 // YAML files of dir — one CRD per file, as controller-gen writes them into a
 // chart's crds/ — and waits until the API server serves them.
 func (c *Cluster) InstallCRDs(ctx context.Context, dir string) error {
+	return c.installCRDs(ctx, dir, true)
+}
+
+// InstallMissingCRDs creates the CRDs of dir that the API server lacks and
+// leaves existing ones as they are, as `helm install` treats a chart's
+// crds/ (e.g. where the reference's schema-less CRDs are installed).
+func (c *Cluster) InstallMissingCRDs(ctx context.Context, dir string) error {
+	return c.installCRDs(ctx, dir, false)
+}
+
+func (c *Cluster) installCRDs(ctx context.Context, dir string, update bool) error {
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
 		return err
@@ -42,6 +53,7 @@ func (c *Cluster) InstallCRDs(ctx context.Context, dir string) error {
 		switch {
 		case apierrors.IsNotFound(err):
 			_, err = client.Create(ctx, &crd, metav1.CreateOptions{})
+		case err == nil && !update:
 		case err == nil:
 			crd.ResourceVersion = existing.ResourceVersion
 			_, err = client.Update(ctx, &crd, metav1.UpdateOptions{})

@@ -194,7 +194,11 @@ func (f *Fleet) connectControlPlane(ctx context.Context) error {
 func (f *Fleet) fenceSharedCluster(ctx context.Context) error {
 	cp := f.opts.SharedCluster
 	f.Config, f.Kubeconfig = cp.Config, cp.Kubeconfig
-	if err := cp.InstallCRDs(ctx, filepath.Join(f.chartDir(), "crds")); err != nil {
+	install := cp.InstallCRDs
+	if f.opts.KeepCRDs {
+		install = cp.InstallMissingCRDs
+	}
+	if err := install(ctx, filepath.Join(f.chartDir(), "crds")); err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
 	name, remove, err := cp.InstallFencingPolicy(ctx, f.chartDir(), f.opts.LeaseNamespace)

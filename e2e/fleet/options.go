@@ -43,6 +43,10 @@ type Options struct {
 	// namespace of its own (cluster.Namespace) and create the pods whose
 	// weps must be fenced there.
 	SharedCluster *cluster.Cluster
+	// KeepCRDs installs only the chart's CRDs the control plane lacks and
+	// leaves existing ones as they are, as `helm install` does (e.g. where
+	// the reference's schema-less CRDs are installed). SharedCluster only.
+	KeepCRDs bool
 	// BinDir holds cce-ipam and bce-sim (and the control-plane binaries
 	// when the fleet starts its own). Defaults to $CCE_IPAM_BIN_DIR, else
 	// bin/ at the root of this module.
@@ -61,6 +65,9 @@ type Options struct {
 	// More than one needs the sharding flags (--memberlist-*), see
 	// Fleet.Sharded.
 	Replicas int
+	// NoReplicas starts none (Replicas is then ignored): the test adds them
+	// with AddReplica once it has built the world they take over.
+	NoReplicas bool
 	// Nodes is the number of simulated BCC nodes registered at start.
 	// Defaults to 3; AddNodes registers more later.
 	Nodes int
@@ -99,6 +106,10 @@ type Options struct {
 	// adds per-replica flags after those (it sees the replica index).
 	ReplicaArgs     []string
 	ReplicaArgsFunc func(index int) []string
+	// NoJoinSeeds gives the replicas no --memberlist-join addresses of
+	// each other: they must find each other another way (a DNS name in
+	// ReplicaArgs, or the replica Leases).
+	NoJoinSeeds bool
 	// ReplicaEnvFunc, when set, adds environment variables ("NAME=value")
 	// to the replica with that index, on top of the test binary's own
 	// environment: e.g. the product's test-only failpoints, armed for one
@@ -185,7 +196,10 @@ func (o *Options) defaults() error {
 	if !namePattern.MatchString(o.Name) {
 		return fmt.Errorf("fleet: name %q: want lower-case letters, digits and dashes", o.Name)
 	}
-	if o.External == nil {
+	switch {
+	case o.NoReplicas:
+		o.Replicas = 0
+	case o.External == nil:
 		setDefault(&o.Replicas, 1)
 	}
 	setDefault(&o.Nodes, 3)

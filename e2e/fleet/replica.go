@@ -254,6 +254,10 @@ func (r *Replica) args() []string {
 		"--grpc-listen", r.grpcAddr, "--metrics-listen", r.metricsAddr,
 		"--idle-ip-pool-min-size", strconv.Itoa(o.IdleMin), "--idle-ip-pool-max-size", strconv.Itoa(o.IdleMax),
 		"--pool-check-period", "1s", "--eni-sync-period", "5s", "--gc-period", "5s", "--subnet-sync-period", "5s",
+		// Orphaned cloud addresses (an add whose reply was lost, a takeover
+		// read that lagged) wait out this grace before their delete; the
+		// suites' end checks count them as idle meanwhile.
+		"--leaked-ip-grace", "20s",
 		"--ip-cooling-period", "1s", "--log-level", o.LogLevel}
 	a = append(a, "--memberlist-bind-addr", r.gossipHost, "--memberlist-bind-port", strconv.Itoa(r.gossipPort),
 		"--memberlist-advertise-addr", r.gossipHost,
@@ -266,7 +270,7 @@ func (r *Replica) args() []string {
 		a = append(a, "--shard-fencing-policy", f.fencingPolicy)
 	}
 	for _, peer := range f.Replicas() {
-		if peer != r && !peer.Removed() {
+		if peer != r && !peer.Removed() && !o.NoJoinSeeds {
 			a = append(a, "--memberlist-join", peer.GossipAddr())
 		}
 	}

@@ -52,6 +52,27 @@ type Config struct {
 	// many addresses on a node as WorkloadEndpoints name there. Run (f) once
 	// the cluster has settled (WaitClean); nil skips it.
 	Pools PoolSource
+	// Claims enables check (g), I7 for exclusive subnets (Subnet resources
+	// with spec.exclusive) and the PSTS pods of the checked namespaces:
+	//   - no two WorkloadEndpoints (any namespace) name one address of an
+	//     exclusive subnet (WEPSharedIP; (e) reports those of served nodes
+	//     when it runs);
+	//   - a WorkloadEndpoint of the checked namespaces naming an address of
+	//     an exclusive subnet has the IPClaim of that address, held by the
+	//     wep's pod (UnclaimedWEP);
+	//   - an address of an exclusive subnet on an in-use ENI of a served
+	//     node has an IPClaim held by some pod (UnclaimedIP);
+	//   - a Running PSTS pod's address lies in one of the subnets its PSTS
+	//     lists (OutsidePSTS; CIDRs from the Subnet resources).
+	// An IPClaim has at most one holder by construction (one holder field,
+	// named by its address). It needs the IPClaim CRD.
+	Claims bool
+	// ClaimGrace is how long a wep or an ENI address may lack its claim
+	// before it is a violation: a wep listed just before its pod's DEL
+	// freed the claim, an address whose claim the leader's orphan GC freed
+	// before the node's leaked-IP GC removed it from the ENI. The Checker
+	// remembers since when it saw each, so the grace spans checks.
+	ClaimGrace time.Duration
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -84,7 +105,7 @@ func New(cfg Config, kube kubernetes.Interface, cce cceclient.Interface, cloud C
 	if cfg.Pool != nil && (cfg.Pool.Min < 0 || cfg.Pool.Max < cfg.Pool.Min) {
 		return nil, fmt.Errorf("invariants: pool bounds [%d,%d] are not a range", cfg.Pool.Min, cfg.Pool.Max)
 	}
-	if cfg.OrphanGrace < 0 || cfg.GhostGrace < 0 {
+	if cfg.OrphanGrace < 0 || cfg.GhostGrace < 0 || cfg.ClaimGrace < 0 {
 		return nil, errors.New("invariants: orphan grace must not be negative")
 	}
 	if cfg.Now == nil {
@@ -124,6 +145,11 @@ func (c *Checker) Check(ctx context.Context) (Violations, error) {
 		return nil, fmt.Errorf("list WorkloadEndpoints: %w", err)
 	}
 	s.weps = weps.Items
+	if c.rules.cfg.Claims {
+		if err := c.listClaims(ctx, &s); err != nil {
+			return nil, err
+		}
+	}
 	if s.enis, err = c.cloud.ENIs(ctx); err != nil {
 		return nil, fmt.Errorf("list cloud ENIs: %w", err)
 	}
@@ -137,6 +163,29 @@ func (c *Checker) Check(ctx context.Context) (Violations, error) {
 		found = append(found, vs...)
 	}
 	return c.confirm(ctx, found, s)
+}
+
+// listClaims reads what (g) needs: every IPClaim, the Subnet resources and
+// the PSTS objects of the checked namespaces.
+func (c *Checker) listClaims(ctx context.Context, s *snapshot) error {
+	claims, err := c.cce.CceV1alpha1().IPClaims().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list IPClaims: %w", err)
+	}
+	s.claims = claims.Items
+	subnets, err := c.cce.CceV1alpha1().Subnets(cce.SubnetNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list Subnets: %w", err)
+	}
+	s.subnets = subnets.Items
+	for _, ns := range c.namespaces() {
+		list, err := c.cce.CceV1alpha1().PodSubnetTopologySpreads(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return fmt.Errorf("list PodSubnetTopologySpreads: %w", err)
+		}
+		s.spreads = append(s.spreads, list.Items...)
+	}
+	return nil
 }
 
 // checkPools applies (f) to every served node of the snapshot.

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/cloud/bcesim"
 	"github.com/cce-ipam/sharded/e2e/cluster"
 	"github.com/cce-ipam/sharded/e2e/invariants"
 	"github.com/cce-ipam/sharded/e2e/kubeletsim"
@@ -247,4 +248,102 @@ func TestChecker_Check_OrphanGrace(t *testing.T) {
 			t.Fatalf("after %s: want %d OrphanWEP, got\n%s", step.advance, step.want, vs)
 		}
 	}
+}
+
+// (d) and (g) on a real API server and bce-sim: a cross-subnet address of
+// an exclusive subnet on a node's ENI is leaked until a wep names it,
+// unclaimed until its claim is held by the wep's pod, and a PSTS pod whose
+// address is outside its PSTS's subnets is reported. The node is one the
+// stack's IPAM does not serve, so nothing but the test touches its ENI.
+func TestChecker_Check_ClaimsAndCrossSubnet(t *testing.T) {
+	st, pods := runPods(t, "claims", 1, 1)
+	ns := st.Opts.Namespace
+	ctx := context.Background()
+	extra, err := st.Kubelet.RegisterNodes(ctx, []string{"claims-extra"})
+	if err != nil || len(extra) != 1 {
+		t.Fatalf("register the unserved node: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = st.Kube.CoreV1().Nodes().Delete(context.Background(), "claims-extra", metav1.DeleteOptions{})
+	})
+	node, eniID := extra[0].Name, extra[0].ENIID
+	const subnetID, ip = "sbn-claims-x", "10.77.0.10"
+	if _, err := st.BCE.AddSubnet(bcesim.SubnetSpec{ID: subnetID, ZoneName: st.Zone, CIDR: "10.77.0.0/24", VPCID: st.VPCID}); err != nil {
+		t.Fatal(err)
+	}
+	subnets := st.CCE.CceV1alpha1().Subnets(cce.SubnetNamespace)
+	if _, err := subnets.Create(ctx, &cce.Subnet{ObjectMeta: metav1.ObjectMeta{Name: subnetID},
+		Spec:   cce.SubnetSpec{ID: subnetID, CIDR: "10.77.0.0/24", AvailabilityZone: st.Zone, Exclusive: true},
+		Status: cce.SubnetStatus{Enable: true}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = subnets.Delete(context.Background(), subnetID, metav1.DeleteOptions{}) })
+	chk := st.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: time.Hour, WEPAddresses: true, Claims: true,
+		Pool: &invariants.PoolBounds{Min: 0, Max: 10}})
+	step := func(what string, want ...invariants.Kind) {
+		t.Helper()
+		vs, err := chk.Check(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := vs.Kinds()
+		ok := len(vs) == len(want)
+		for _, k := range want {
+			ok = ok && got[k] == 1
+		}
+		if !ok {
+			t.Fatalf("%s: want one each of %v, got\n%s", what, want, vs)
+		}
+	}
+	step("healthy")
+
+	added, err := st.Cloud.BatchAddPrivateIPsCrossSubnet(ctx, eniID, cloud.CrossSubnetAddRequest{SubnetID: subnetID, IPs: []string{ip}})
+	if err != nil || len(added) != 1 || added[0] != ip {
+		t.Fatalf("cross-subnet add: %v %v", added, err)
+	}
+	step("an exclusive address on the ENI, no wep, no claim", invariants.KindLeakedCrossSubnetIP, invariants.KindUnclaimedIP)
+
+	wepc := st.CCE.CceV1alpha1().WorkloadEndpoints(ns)
+	if _, err := wepc.Create(ctx, &cce.WorkloadEndpoint{
+		ObjectMeta: metav1.ObjectMeta{Name: "fixed-0", Labels: map[string]string{cce.LabelSubnetID: subnetID}},
+		Spec: cce.WorkloadEndpointSpec{IP: ip, Node: node, ENIID: eniID, SubnetID: subnetID, ContainerID: "c0ffee",
+			Type: cce.WorkloadEndpointTypeStatefulSet, EnableFixIP: cce.EnableFixIPTrue, SubnetTopologyReference: "spread"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	step("named by a wep, no claim", invariants.KindUnclaimedWEP, invariants.KindUnclaimedIP)
+
+	claims := st.CCE.CceV1alpha1().IPClaims()
+	c, err := claims.Create(ctx, &cce.IPClaim{ObjectMeta: metav1.ObjectMeta{Name: ip},
+		Spec: cce.IPClaimSpec{SubnetID: subnetID, IP: ip, Holder: &cce.IPClaimHolder{Namespace: ns, Name: "other"}}},
+		metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = claims.Delete(context.Background(), ip, metav1.DeleteOptions{}) })
+	step("its claim held by another pod", invariants.KindUnclaimedWEP)
+	c.Spec.Holder.Name = "fixed-0"
+	if _, err := claims.Update(ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	step("its claim held by the wep's pod")
+
+	// A Running pod of the stack, annotated for a PSTS of the exclusive
+	// subnet: its address is the node subnet's.
+	if _, err := st.CCE.CceV1alpha1().PodSubnetTopologySpreads(ns).Create(ctx, &cce.PodSubnetTopologySpread{
+		ObjectMeta: metav1.ObjectMeta{Name: "spread"},
+		Spec: cce.PodSubnetTopologySpreadSpec{Subnets: map[string]cce.SubnetAllocation{subnetID: {
+			IPAllocationStrategy: cce.IPAllocationStrategy{Type: cce.IPAllocTypeFixed}}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := st.Kube.CoreV1().Pods(ns).Get(ctx, pods[0].Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Annotations = map[string]string{cce.AnnotationPodSubnetTopologySpread: "spread"}
+	if _, err := st.Kube.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	step("a PSTS pod outside its PSTS's subnets", invariants.KindOutsidePSTS)
 }

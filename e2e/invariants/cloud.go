@@ -14,6 +14,11 @@ type ENI struct {
 	Name       string
 	InstanceID string // empty when unattached
 	InUse      bool   // attached and usable ("inuse")
+	// SubnetID and SubnetCIDR are the ENI's own subnet; SubnetCIDR is ""
+	// when the view does not know it. An address outside SubnetCIDR was
+	// added from another subnet (PSTS): it is never idle.
+	SubnetID   string
+	SubnetCIDR string
 	// IPs are the secondary (non-primary) private addresses: the ones pods
 	// get.
 	IPs []string
@@ -59,6 +64,10 @@ func (v worldView) ENIs(ctx context.Context) ([]ENI, error) {
 	if err != nil {
 		return nil, err
 	}
+	cidrs := map[string]string{}
+	for _, sn := range world.Subnets {
+		cidrs[sn.SubnetID] = sn.CIDR
+	}
 	var out []ENI
 	for _, e := range world.ENIs {
 		if !strings.HasPrefix(e.Name, v.prefix) {
@@ -69,6 +78,8 @@ func (v worldView) ENIs(ctx context.Context) ([]ENI, error) {
 			Name:       e.Name,
 			InstanceID: e.InstanceID,
 			InUse:      e.Status == bcesim.StatusInUse,
+			SubnetID:   e.SubnetID,
+			SubnetCIDR: cidrs[e.SubnetID],
 		}
 		for _, ip := range e.PrivateIPSet {
 			if !ip.Primary {
@@ -85,9 +96,17 @@ type ENILister interface {
 	ListENIs(ctx context.Context, opts cloud.ListENIsOptions) ([]cloud.ENI, error)
 }
 
+// SubnetLister is what ProviderView also reads when the ENILister has it
+// (cloud.Provider, *cloud.Client do): the VPC's subnets, for the ENIs'
+// subnet CIDRs.
+type SubnetLister interface {
+	ListSubnets(ctx context.Context, opts cloud.ListSubnetsOptions) ([]cloud.Subnet, error)
+}
+
 // ProviderView lists the VPC's ENIs named with namePrefix through the BCE
-// API (one paginated, VPC-wide list per check). Each check spends a token of
-// the API's ListENIs limit: against bce-sim prefer WorldView.
+// API (one paginated, VPC-wide list per check, and one subnet list when p
+// is also a SubnetLister). Each check spends a token of the API's ListENIs
+// limit: against bce-sim prefer WorldView.
 func ProviderView(p ENILister, vpcID, namePrefix string) CloudView {
 	return providerView{p, vpcID, namePrefix}
 }
@@ -106,6 +125,16 @@ func (v providerView) ENIs(ctx context.Context) ([]ENI, error) {
 	if err != nil {
 		return nil, err
 	}
+	cidrs := map[string]string{}
+	if sl, ok := v.p.(SubnetLister); ok {
+		subnets, err := sl.ListSubnets(ctx, cloud.ListSubnetsOptions{VPCID: v.vpc})
+		if err != nil {
+			return nil, err
+		}
+		for _, sn := range subnets {
+			cidrs[sn.ID] = sn.CIDR
+		}
+	}
 	out := make([]ENI, 0, len(enis))
 	for _, e := range enis {
 		x := ENI{
@@ -113,6 +142,8 @@ func (v providerView) ENIs(ctx context.Context) ([]ENI, error) {
 			Name:       e.Name,
 			InstanceID: e.InstanceID,
 			InUse:      e.Status == cloud.ENIStatusInUse,
+			SubnetID:   e.SubnetID,
+			SubnetCIDR: cidrs[e.SubnetID],
 		}
 		for _, ip := range e.PrivateIPs {
 			if !ip.Primary {

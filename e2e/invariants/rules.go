@@ -18,7 +18,12 @@ type snapshot struct {
 	weps  []cce.WorkloadEndpoint // every namespace (for the pool count)
 	nodes []corev1.Node          // every node; scope is decided here
 	enis  []ENI                  // the cloud's
-	now   time.Time
+	// For (g) only (Config.Claims): every IPClaim, the Subnet resources and
+	// the PSTS objects of the checked namespaces.
+	claims  []cce.IPClaim
+	subnets []cce.Subnet
+	spreads []cce.PodSubnetTopologySpread
+	now     time.Time
 }
 
 // rules evaluates snapshots. It is pure apart from remembering since when
@@ -27,6 +32,7 @@ type rules struct {
 	cfg         Config
 	orphanSince map[string]time.Time // wep namespace/name/uid → first seen orphaned
 	ghostSince  map[string]time.Time // wep namespace/name/uid/node/ip → first seen off its node's ENIs
+	claimSince  map[string]time.Time // (g): a wep or an ENI address → first seen without its claim
 }
 
 func newRules(cfg Config) *rules {
@@ -34,6 +40,7 @@ func newRules(cfg Config) *rules {
 		cfg:         cfg,
 		orphanSince: map[string]time.Time{},
 		ghostSince:  map[string]time.Time{},
+		claimSince:  map[string]time.Time{},
 	}
 }
 
@@ -86,11 +93,13 @@ func live(p *corev1.Pod) bool {
 }
 
 // indexed is a snapshot keyed for the rules: in-scope nodes by name, the
-// addresses on each instance's in-use ENIs, every wep and the checked pods
-// by namespace/name.
+// addresses on each instance's in-use ENIs (and which of them lie outside
+// their ENI's subnet: cross-subnet PSTS addresses), every wep and the
+// checked pods by namespace/name.
 type indexed struct {
 	nodes    map[string]*corev1.Node
 	cloudIPs map[string]map[string]bool // instance → addresses
+	foreign  map[string]map[string]bool // instance → addresses outside their ENI's subnet CIDR
 	weps     map[string]*cce.WorkloadEndpoint
 	pods     map[string]*corev1.Pod
 }
@@ -105,6 +114,9 @@ func (r *rules) evaluate(s snapshot) Violations {
 	if r.cfg.WEPAddresses {
 		out = append(out, r.checkWEPAddresses(s, x.nodes, x.cloudIPs, x.weps, x.pods)...)
 	}
+	if r.cfg.Claims {
+		out = append(out, r.checkClaims(s, x)...)
+	}
 	if b := r.cfg.Pool; b != nil {
 		out = append(out, x.poolBounds(b)...)
 	}
@@ -116,6 +128,7 @@ func (r *rules) index(s snapshot) indexed {
 	x := indexed{
 		nodes:    map[string]*corev1.Node{},
 		cloudIPs: map[string]map[string]bool{},
+		foreign:  map[string]map[string]bool{},
 		weps:     map[string]*cce.WorkloadEndpoint{},
 		pods:     map[string]*corev1.Pod{},
 	}
@@ -134,8 +147,15 @@ func (r *rules) index(s snapshot) indexed {
 			m = map[string]bool{}
 			x.cloudIPs[e.InstanceID] = m
 		}
+		own, ownErr := netip.ParsePrefix(e.SubnetCIDR)
 		for _, ip := range e.IPs {
 			m[canon(ip)] = true
+			if a, err := netip.ParseAddr(ip); err == nil && ownErr == nil && !own.Masked().Contains(a.Unmap()) {
+				if x.foreign[e.InstanceID] == nil {
+					x.foreign[e.InstanceID] = map[string]bool{}
+				}
+				x.foreign[e.InstanceID][canon(ip)] = true
+			}
 		}
 	}
 	for i := range s.weps {
@@ -223,7 +243,9 @@ func (r *rules) orphanWEPs(x indexed, now time.Time) Violations {
 }
 
 // poolBounds applies (d): every cloud IP on a node is assigned or idle
-// within the bounds.
+// within the bounds. A cross-subnet address (outside its ENI's subnet) is
+// never idle: the IPAM added it for one pod, so one not named by a wep is
+// leaked.
 func (x indexed) poolBounds(b *PoolBounds) Violations {
 	var out Violations
 	assigned := map[string]map[string]bool{} // node → IPs named by a wep
@@ -234,11 +256,24 @@ func (x indexed) poolBounds(b *PoolBounds) Violations {
 		assigned[w.Spec.Node][canon(w.Spec.IP)] = true
 	}
 	for name, n := range x.nodes {
-		var idle []string
+		var idle, stray []string
 		for ip := range x.cloudIPs[instanceOf(n)] {
-			if !assigned[name][ip] {
+			switch {
+			case assigned[name][ip]:
+			case x.foreign[instanceOf(n)][ip]:
+				stray = append(stray, ip)
+			default:
 				idle = append(idle, ip)
 			}
+		}
+		sortIPs(stray)
+		for _, ip := range stray {
+			out = append(out, Violation{
+				Kind:   KindLeakedCrossSubnetIP,
+				Node:   name,
+				IP:     ip,
+				Detail: "cross-subnet address on an ENI of instance " + instanceOf(n) + " named by no WorkloadEndpoint of the node",
+			})
 		}
 		sortIPs(idle)
 		switch {

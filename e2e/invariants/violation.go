@@ -26,6 +26,10 @@ const (
 	KindLeakedIPs Kind = "LeakedIPs"
 	// (d) a node holds fewer idle IPs than the pool's minimum.
 	KindPoolBelowMin Kind = "PoolBelowMin"
+	// (d) I4: an address outside its ENI's subnet (added from a PSTS
+	// subnet) is named by no WorkloadEndpoint of its node: such an address
+	// is never idle, so it leaked.
+	KindLeakedCrossSubnetIP Kind = "LeakedCrossSubnetIP"
 	// (e) the WorkloadEndpoint of a live pod names an IP that is on no
 	// in-use ENI of the wep's node in the cloud.
 	KindWEPNotOnENI Kind = "WEPNotOnENI"
@@ -40,6 +44,15 @@ const (
 	// names an address the owner keeps idle, or an address is assigned
 	// with no wep. Only meaningful once the cluster has settled.
 	KindDatastoreMismatch Kind = "DatastoreMismatch"
+	// (g) I7: a WorkloadEndpoint names an address of an exclusive subnet
+	// and no IPClaim of that address is held by the wep's pod (past the
+	// claim grace).
+	KindUnclaimedWEP Kind = "UnclaimedWEP"
+	// (g) I7: an address of an exclusive subnet is on an in-use ENI of a
+	// served node and no IPClaim of it is held (past the claim grace).
+	KindUnclaimedIP Kind = "UnclaimedIP"
+	// (g) a Running PSTS pod's address lies in none of its PSTS's subnets.
+	KindOutsidePSTS Kind = "OutsidePSTS"
 	// I5: more BCE API calls reached the cloud in one second than the
 	// replicas' global rate + burst.
 	KindBudgetExceeded Kind = "BudgetExceeded"

@@ -6,7 +6,9 @@
 // node: a BCC instance in bce-sim, one ENI created and attached to it, the
 // IPPool ippool-<node>, and a Node with the instance-type labels, providerID
 // cce://i-<node>, the capacity annotations (cce.io/max-ip-per-eni from the
-// instance's memory, cce.io/max-eni-num) and a Ready status.
+// instance's memory, cce.io/max-eni-num), the extended resource
+// cce.baidubce.com/ip (max-eni-num × max-ip-per-eni, which PSTS pods
+// request) and a Ready status.
 //
 // Run then watches pods. An unscheduled pod is bound (pods/binding) to the
 // least loaded simulated node (unless its schedulerName is ManualScheduler:

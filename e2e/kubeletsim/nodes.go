@@ -320,12 +320,21 @@ func (s *Simulator) nodeObject(name, instanceID string) *corev1.Node {
 	}
 }
 
+// ipCapacity is the extended resource cce.ResourceIP a node advertises, as
+// the reference's node agent does: max-eni-num × max-ip-per-eni. The PSTS
+// mutating webhook gives PSTS pods a request for one, so a scheduler places
+// no more of them on a node than its ENIs can address.
+func ipCapacity(cpus, memGB int) int64 {
+	return int64(maxENIs(cpus)) * int64(bcesim.MaxIPsPerENI(memGB))
+}
+
 func (s *Simulator) nodeStatus() corev1.NodeStatus {
 	now := metav1.Now()
 	res := corev1.ResourceList{
 		corev1.ResourceCPU:    *resource.NewQuantity(int64(s.cfg.InstanceCPUs), resource.DecimalSI),
 		corev1.ResourceMemory: *resource.NewQuantity(int64(s.cfg.InstanceMemoryGB)<<30, resource.BinarySI),
 		corev1.ResourcePods:   *resource.NewQuantity(int64(s.cfg.MaxPodsPerNode), resource.DecimalSI),
+		cce.ResourceIP:        *resource.NewQuantity(ipCapacity(s.cfg.InstanceCPUs, s.cfg.InstanceMemoryGB), resource.DecimalSI),
 	}
 	return corev1.NodeStatus{
 		Capacity:    res,

@@ -6,6 +6,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 )
 
 func TestNewContainerID_FreshHex64(t *testing.T) {
@@ -142,6 +144,13 @@ func TestNodeObject_ShapedLikeCCE(t *testing.T) {
 	if n.Spec.ProviderID != "cce://i-x-00001" || n.Labels[LabelInstanceType] != "BCC" || n.Labels[LabelInstanceTypeBeta] != "BCC" ||
 		n.Labels[LabelSimulator] != "x" || n.Labels[LabelHostname] != "x-00001" || n.Labels[LabelZone] != "cn-bj-a" {
 		t.Fatalf("node %+v", n.ObjectMeta)
+	}
+	// The node agent's extended resource: 8 ENIs × 30 IPs.
+	st := s.nodeStatus()
+	for _, l := range []corev1.ResourceList{st.Capacity, st.Allocatable} {
+		if q := l[cce.ResourceIP]; q.Value() != 240 {
+			t.Errorf("%s = %s, want 240 (max-eni-num × max-ip-per-eni)", cce.ResourceIP, q.String())
+		}
 	}
 	if names := NodeNames("p", 7, 2); len(names) != 2 || names[0] != "p-00007" || names[1] != "p-00008" {
 		t.Fatalf("NodeNames = %v", names)

@@ -20,6 +20,7 @@ import (
 	"github.com/cce-ipam/sharded/e2e/invariants"
 	"github.com/cce-ipam/sharded/e2e/kubeletsim"
 	"github.com/cce-ipam/sharded/e2e/kubeletsim/stack"
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 )
 
 var (
@@ -97,6 +98,15 @@ func TestSimulator_Run_DeploymentLifecycle(t *testing.T) {
 		Namespace: cp.Namespace(t),
 	})
 	t.Logf("stack with %d nodes up in %s", nodes, time.Since(start).Round(time.Millisecond))
+	// The API server keeps the node agent's extended resource (8 ENIs × 30
+	// IPs), which PSTS pods request.
+	n, err := st.Kube.CoreV1().Nodes().Get(context.Background(), st.Nodes[0].Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, a := n.Status.Capacity[cce.ResourceIP], n.Status.Allocatable[cce.ResourceIP]; c.Value() != 240 || a.Value() != 240 {
+		t.Errorf("node %s advertises %s capacity %s, allocatable %s; want 240", n.Name, cce.ResourceIP, c.String(), a.String())
+	}
 	chk := st.Checker(invariants.Config{
 		Namespaces:  []string{st.Opts.Namespace},
 		OrphanGrace: 10 * time.Second,
@@ -157,7 +167,7 @@ func TestSimulator_Run_DeploymentLifecycle(t *testing.T) {
 	// Delete as a Deployment scaled to zero would: graceful deletion; the
 	// simulated kubelet must DEL and then remove each pod.
 	start = time.Now()
-	err := st.Kube.CoreV1().Pods(st.Opts.Namespace).DeleteCollection(context.Background(), metav1.DeleteOptions{},
+	err = st.Kube.CoreV1().Pods(st.Opts.Namespace).DeleteCollection(context.Background(), metav1.DeleteOptions{},
 		metav1.ListOptions{LabelSelector: "app=web"})
 	if err != nil {
 		t.Fatal(err)

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net/netip"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,6 +25,7 @@ import (
 	"github.com/cce-ipam/sharded/e2e/fleet"
 	"github.com/cce-ipam/sharded/e2e/invariants"
 	"github.com/cce-ipam/sharded/e2e/suites/suite"
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 )
 
 var env *suite.Env
@@ -104,7 +107,7 @@ const (
 
 // The fault kinds aimed at the hand-over paths; every run, the short one
 // too, injects each at least once.
-var newKinds = []string{"lag-handover", "5xx-storm", "sts-move", "gc-drain"}
+var newKinds = []string{"lag-handover", "5xx-storm", "sts-move", "gc-drain", "psts-move"}
 
 func TestChaos(t *testing.T) {
 	if !env.Local() {
@@ -149,6 +152,13 @@ func TestChaos(t *testing.T) {
 	binderWG.Go(func() { fixed.run(binderCtx, t) })
 	defer func() { stopBinder(); binderWG.Wait() }()
 	suite.WaitPods(ctx, t, f.Kube, ns, fixed.selector(), fixedReplicas)
+	// The PSTS workloads: a Fixed StatefulSet and custom-reuse pods placed
+	// by the test too, and Elastic pods churned below.
+	pw := startPSTS(ctx, t, f, ns, seed)
+	binderWG.Go(func() { pw.fixed.run(binderCtx, t) })
+	binderWG.Go(func() { pw.reuse.run(binderCtx, t) })
+	suite.WaitPods(ctx, t, f.Kube, ns, pw.fixed.selector(), pstsFixedReplicas)
+	suite.WaitPods(ctx, t, f.Kube, ns, pw.reuse.selector(), pstsReusePods)
 
 	budget := int64(math.Ceil(o.BCERate)) + int64(o.BCEBurst)
 	calls := &invariants.CallLog{}
@@ -163,10 +173,13 @@ func TestChaos(t *testing.T) {
 	// The checker runs throughout, lagging reads included: it reads
 	// bce-sim's true world (WorldView), never a lagged API read. Orphans
 	// get a long grace (releases are retried through faults), and so do
-	// ghosts (a fixed IP between its old and its new node); every other
-	// finding is a violation.
+	// ghosts (a fixed IP between its old and its new node), and so do
+	// exclusive-subnet addresses without their claim (I7: a release in
+	// flight, an ADD cut off after its cloud add whose claim the leader's
+	// orphan GC frees before the node's GC removes the address); every
+	// other finding is a violation.
 	chk, err := f.Checker(invariants.Config{Namespaces: []string{ns}, OrphanGrace: 90 * time.Second,
-		WEPAddresses: true, GhostGrace: 60 * time.Second})
+		WEPAddresses: true, GhostGrace: 60 * time.Second, Claims: true, ClaimGrace: 60 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,6 +230,7 @@ func TestChaos(t *testing.T) {
 		Period:    250 * time.Millisecond,
 	}
 	suite.StartChurn(t, f, churn, seed)
+	suite.StartChurn(t, f, pw.elastic, seed+3)
 
 	var faults faultLog
 	forceDeleted := 0
@@ -232,6 +246,7 @@ func TestChaos(t *testing.T) {
 		stopChecks()
 		checkWG.Wait()
 		stats := churn.Stop()
+		pw.elastic.Stop()
 		ks := f.Kubelet().Stats()
 		st, _ := f.SimStats(context.Background())
 		if !i5Done {
@@ -254,12 +269,12 @@ func TestChaos(t *testing.T) {
 				gcReleased += strings.Count(string(data), "gc: released")
 			}
 		}
-		t.Logf("CHAOS RESULT seed=%d duration=%s: pods churned: %s, %d force-deleted (gc-drain), %s; GC released %d IPs; "+
+		t.Logf("CHAOS RESULT seed=%d duration=%s: pods churned: %s, %d force-deleted (gc-drain), %s; %s; GC released %d IPs; "+
 			"%d pods Running at the end; "+
 			"injected %s; checks during chaos: %d (%d could not read); violations during chaos: %d, at the end: %d, I5: %d (by kind: %v); "+
 			"settled: %v after %s; I5 at bce-sim: %d calls in %d s, busiest second %d calls (at %s), budget rate+burst %d; "+
 			"kubelet-sim: %d allocations, %d failed and retried, allocate p50 %s p99 %s; bce-sim: %d calls, %d throttled",
-			seed, duration, stats, forceDeleted, fixed, gcReleased, len(pods), faults.String(), checks, checkErrs,
+			seed, duration, stats, forceDeleted, fixed, pw, gcReleased, len(pods), faults.String(), checks, checkErrs,
 			len(violations), len(final), len(i5), byKind,
 			!t.Failed() && !settleStart.IsZero(), since(settleStart), inRun, secs, busiest,
 			time.Unix(busiestAt, 0).UTC().Format(time.TimeOnly), budget,
@@ -277,7 +292,7 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	kinds := []string{"kill", "kill", "pause", "bce-sim", "429", "apiserver", "partition",
-		"lag-handover", "5xx-storm", "sts-move", "gc-drain", "quiet"}
+		"lag-handover", "5xx-storm", "sts-move", "gc-drain", "psts-move", "quiet"}
 	end := time.Now().Add(duration)
 	lastAPIRestart := time.Now()
 	next := func() (string, bool) {
@@ -460,6 +475,18 @@ func TestChaos(t *testing.T) {
 			faults.add(t, "sts-move",
 				fmt.Sprintf("fixed-IP pods %v deleted, to come back on another replica's node; next fault in %s", names, d))
 			sleep(d)
+		case "psts-move":
+			d := hold(2*time.Second, 6*time.Second)
+			names, err := pw.roll(ctx, sub)
+			if err != nil || len(names) == 0 {
+				t.Logf("chaos: psts-move: no PSTS pod deleted (%v)", err)
+				sleep(time.Second)
+				break
+			}
+			faults.add(t, "psts-move",
+				fmt.Sprintf("PSTS Fixed and reuse pods %v deleted, to come back on another replica's node with their addresses; next fault in %s",
+					names, d))
+			sleep(d)
 		case "gc-drain":
 			// Work for GC on the nodes of a replica that then leaves
 			// gracefully: churn pods deleted at once (no graceful DEL
@@ -519,10 +546,13 @@ func TestChaos(t *testing.T) {
 			if err := fixed.scale(ctx, fixedReplicas-1); err != nil {
 				t.Logf("chaos: gc-drain: scale down: %v", err)
 			}
+			if err := pw.fixed.scale(ctx, pstsFixedReplicas-1); err != nil {
+				t.Logf("chaos: gc-drain: scale the PSTS Fixed set down: %v", err)
+			}
 			faults.add(t, "gc-drain",
 				fmt.Sprintf("replica %d (holds %d nodes) leaves gracefully during GC: %d churn pods on its nodes force-deleted %v, "+
-					"fixed-IP set scaled to %d; back after %s",
-					r.Index(), len(mine), len(victims), victims, fixedReplicas-1, away))
+					"fixed-IP and PSTS Fixed sets scaled to %d and %d; back after %s",
+					r.Index(), len(mine), len(victims), victims, fixedReplicas-1, pstsFixedReplicas-1, away))
 			sleep(gcPeriod / 2)
 			if err := r.Terminate(); err != nil {
 				t.Error(err)
@@ -533,6 +563,9 @@ func TestChaos(t *testing.T) {
 			}
 			if err := fixed.scale(ctx, fixedReplicas); err != nil {
 				t.Logf("chaos: gc-drain: scale up: %v", err)
+			}
+			if err := pw.fixed.scale(ctx, pstsFixedReplicas); err != nil {
+				t.Logf("chaos: gc-drain: scale the PSTS Fixed set up: %v", err)
 			}
 		default:
 			sleep(hold(500*time.Millisecond, 3*time.Second)) // a quiet spell
@@ -560,6 +593,9 @@ func TestChaos(t *testing.T) {
 	if err := fixed.scale(ctx, fixedReplicas); err != nil {
 		t.Fatal(err)
 	}
+	if err := pw.fixed.scale(ctx, pstsFixedReplicas); err != nil {
+		t.Fatal(err)
+	}
 	settleStart = time.Now()
 	// Every node must have an owner again within a few lease periods; three
 	// minutes is generous on a loaded machine.
@@ -567,10 +603,15 @@ func TestChaos(t *testing.T) {
 	defer scancel()
 	suite.WaitSharded(sctx, t, f)
 	stats := churn.Stop()
+	pstsStats := pw.elastic.Stop()
 	pods = suite.WaitSettled(sctx, t, f, ns)
 	suite.IPs(t, pods)
 	fixedPods := suite.WaitPods(sctx, t, f.Kube, ns, fixed.selector(), fixedReplicas)
-	suite.IPs(t, append(append([]corev1.Pod(nil), pods...), fixedPods...))
+	elasticPods := suite.WaitSettledSelector(sctx, t, f, ns, pw.elastic.Selector())
+	pfixedPods := suite.WaitPods(sctx, t, f.Kube, ns, pw.fixed.selector(), pstsFixedReplicas)
+	reusePods := suite.WaitPods(sctx, t, f.Kube, ns, pw.reuse.selector(), pstsReusePods)
+	suite.IPs(t, slices.Concat(pods, fixedPods, elasticPods, pfixedPods, reusePods))
+	pw.checkRanges(t, pfixedPods, reusePods, elasticPods)
 	stopBinder()
 	binderWG.Wait()
 	stopChecks()
@@ -582,7 +623,7 @@ func TestChaos(t *testing.T) {
 		Pool: &invariants.PoolBounds{
 			Min: o.IdleMin,
 			Max: o.IdleMax,
-		}, WEPAddresses: true, Pools: f.NodePool})
+		}, WEPAddresses: true, Pools: f.NodePool, Claims: true, ClaimGrace: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -613,6 +654,9 @@ func TestChaos(t *testing.T) {
 	}
 	if stats.Created == 0 || stats.Deleted == 0 || len(faults.counts) == 0 {
 		t.Errorf("chaos did nothing: %s, %s", stats, faults.String())
+	}
+	if pstsStats.Created == 0 || pstsStats.Deleted == 0 {
+		t.Errorf("the PSTS Elastic churn did nothing: %s", pstsStats)
 	}
 }
 
@@ -675,13 +719,22 @@ func explain(ctx context.Context, t *testing.T, f *fleet.Fleet, v invariants.Vio
 		if w, err := f.CCE.CceV1alpha1().WorkloadEndpoints(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
 			fmt.Fprintf(&line, " wep: %v", err)
 		} else {
-			fmt.Fprintf(&line, " wep ip=%s node=%s eni=%s container=%s type=%s created=%s", w.Spec.IP, w.Spec.Node, w.Spec.ENIID,
-				w.Spec.ContainerID, w.Spec.Type, w.CreationTimestamp.UTC().Format("15:04:05"))
+			fmt.Fprintf(&line, " wep ip=%s node=%s eni=%s container=%s type=%s subnet=%s psts=%s phase=%s created=%s", w.Spec.IP,
+				w.Spec.Node, w.Spec.ENIID, w.Spec.ContainerID, w.Spec.Type, w.Spec.SubnetID, w.Spec.SubnetTopologyReference,
+				w.Spec.Phase, w.CreationTimestamp.UTC().Format("15:04:05"))
 		}
 		t.Log(line.String())
 	}
 	if v.IP == "" {
 		return
+	}
+	if a, err := netip.ParseAddr(v.IP); err == nil {
+		if c, err := f.CCE.CceV1alpha1().IPClaims().Get(ctx, cce.ClaimName(a), metav1.GetOptions{}); err != nil {
+			t.Logf("evidence %s: IPClaim: %v", v.IP, err)
+		} else {
+			t.Logf("evidence %s: IPClaim subnet=%s holder=%+v node=%s eni=%s reserved=%v released=%v notBefore=%v", v.IP,
+				c.Spec.SubnetID, c.Spec.Holder, c.Spec.Node, c.Spec.ENIID, c.Spec.ReservedAt, c.Spec.ReleasedAt, c.Spec.NotBefore)
+		}
 	}
 	world, err := f.SimWorld(ctx)
 	if err != nil {

@@ -15,16 +15,25 @@
 //     and the ADD);
 //   - gc-drain: a replica leaves gracefully while GC (every 2 s) has work on
 //     its nodes: churn pods deleted without a graceful DEL and the fixed-IP
-//     StatefulSet scaled down.
+//     and PSTS Fixed StatefulSets scaled down;
+//   - psts-move: PodSubnetTopologySpread pods are deleted: pods of a PSTS
+//     Fixed StatefulSet (exclusive subnet) and bare custom-reuse pods,
+//     which the test creates again under their names; the test binds both
+//     to a node another replica owns, and each must come back with its
+//     address (its IPClaim keeps it the pod's). PSTS Elastic pods (the
+//     cloud picks addresses of a shared subnet) churn throughout.
 //
 // Every run injects each of these at least once (after the duration if the
 // draw did not bring one). The invariant checker runs throughout (also
 // while reads lag: it reads bce-sim's true world) and at the end; besides
 // (a)-(d) it checks (e) every WorkloadEndpoint's address on its node's ENI
 // and no two weps on one address, (f) at the end that each owner's
-// datastore assigns exactly the addresses weps name, and I5 at bce-sim: no
-// second of the run saw more HTTP requests (throttled and 5xx-answered ones
-// included) than the replicas' global rate + burst. The test prints the
+// datastore assigns exactly the addresses weps name, (g) I7: every address
+// of an exclusive subnet that a wep names or an ENI holds is held by its
+// pod's IPClaim, and every PSTS pod's address is in its PSTS's subnets,
+// and I5 at bce-sim: no second of the run saw more HTTP requests
+// (throttled and 5xx-answered ones included) than the replicas' global
+// rate + burst. The test prints the
 // pods churned, the faults injected by kind and the violations.
 //
 //	E2E_CHAOS_DURATION  how long faults are drawn (default 45s: the

@@ -35,6 +35,17 @@ type fixedSet struct {
 	f        *fleet.Fleet
 	ns, name string
 	replicas int
+	// template gives the pods their kind of fixed address (annotations,
+	// requests); the set adds its label, scheduler and grace period.
+	template func(*corev1.PodTemplateSpec)
+	// bare: the set is the bare pods <name>-<i>, which it creates again
+	// when they are gone (a PSTS custom-reuse workload), not a
+	// StatefulSet.
+	bare bool
+	// mustKeep: a pod that comes back with another address than its last
+	// fails the test (PSTS Fixed and reuse: the address's IPClaim keeps it
+	// the pod's); otherwise it is logged and counted.
+	mustKeep bool
 
 	mu   sync.Mutex
 	rng  *rand.Rand
@@ -45,7 +56,7 @@ type fixedSet struct {
 	// Counters for the result line.
 	binds, crossReplica, sameReplica int
 	keptIP, changedIP, renewedIP     int
-	deleted                          int
+	deleted, recreated               int
 	bindErrs                         int
 }
 
@@ -55,31 +66,73 @@ type placed struct {
 	ip   string
 }
 
+// newFixedSet is the ordinary fixed-IP StatefulSet (cce.io/sts-enable-fix-ip).
 func newFixedSet(f *fleet.Fleet, ns string, replicas int, seed uint64) *fixedSet {
-	return &fixedSet{f: f, ns: ns, name: "fixed", replicas: replicas, rng: rand.New(rand.NewPCG(seed, seed^0xf1ed)),
+	s := newSet(f, ns, "fixed", replicas, seed)
+	s.template = func(tpl *corev1.PodTemplateSpec) {
+		tpl.Annotations = map[string]string{cce.AnnotationStsEnableFixIP: cce.EnableFixIPTrue}
+	}
+	return s
+}
+
+func newSet(f *fleet.Fleet, ns, name string, replicas int, seed uint64) *fixedSet {
+	return &fixedSet{f: f, ns: ns, name: name, replicas: replicas, rng: rand.New(rand.NewPCG(seed, seed^0xf1ed)),
 		last: map[string]placed{}, scaledAway: map[string]bool{}}
 }
 
 func (s *fixedSet) selector() string { return "app=" + s.name }
 
+// podTemplate is the set's pod: its template, its label, scheduled by the
+// set, and a grace period in which the kubelet simulator sees it
+// terminating and DELs first.
+func (s *fixedSet) podTemplate() corev1.PodTemplateSpec {
+	tpl := corev1.PodTemplateSpec{Spec: suite.PodSpec(s.f)}
+	if s.template != nil {
+		s.template(&tpl)
+	}
+	if tpl.Labels == nil {
+		tpl.Labels = map[string]string{}
+	}
+	tpl.Labels["app"] = s.name
+	tpl.Spec.SchedulerName = kubeletsim.ManualScheduler
+	tpl.Spec.TerminationGracePeriodSeconds = ptr.To[int64](2)
+	return tpl
+}
+
 // create makes the StatefulSet (parallel pod management, so a deleted pod
-// comes back at once) and starts the binder.
+// comes back at once), or the bare pods.
 func (s *fixedSet) create(ctx context.Context, t *testing.T) {
 	t.Helper()
-	l := map[string]string{"app": s.name}
-	spec := suite.PodSpec(s.f)
-	spec.SchedulerName = kubeletsim.ManualScheduler
-	spec.TerminationGracePeriodSeconds = ptr.To[int64](2) // the kubelet simulator sees it terminating and DELs first
+	tpl := s.podTemplate()
+	if s.bare {
+		for i := range s.replicas {
+			if err := s.createPod(ctx, fmt.Sprintf("%s-%d", s.name, i)); err != nil {
+				t.Fatalf("create pod of %s: %v", s.name, err)
+			}
+		}
+		return
+	}
 	_, err := s.f.Kube.AppsV1().StatefulSets(s.ns).Create(ctx, &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Name: s.name},
-		Spec: appsv1.StatefulSetSpec{Replicas: ptr.To(int32(s.replicas)), Selector: &metav1.LabelSelector{MatchLabels: l},
-			PodManagementPolicy: appsv1.ParallelPodManagement,
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: l,
-				Annotations: map[string]string{cce.AnnotationStsEnableFixIP: cce.EnableFixIPTrue}}, Spec: spec}},
+		Spec: appsv1.StatefulSetSpec{Replicas: ptr.To(int32(s.replicas)), Selector: &metav1.LabelSelector{MatchLabels: tpl.Labels},
+			PodManagementPolicy: appsv1.ParallelPodManagement, Template: tpl},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatalf("create fixed-IP StatefulSet: %v", err)
+		t.Fatalf("create StatefulSet %s: %v", s.name, err)
 	}
+}
+
+// createPod creates one bare pod of the set.
+func (s *fixedSet) createPod(ctx context.Context, name string) error {
+	tpl := s.podTemplate()
+	_, err := s.f.Kube.CoreV1().Pods(s.ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: tpl.Labels, Annotations: tpl.Annotations},
+		Spec:       tpl.Spec,
+	}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
 }
 
 // run binds the StatefulSet's unscheduled pods and records where each
@@ -96,6 +149,9 @@ func (s *fixedSet) run(ctx context.Context, t *testing.T) {
 			continue // kube-apiserver restarting
 		}
 		sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+		if s.bare {
+			s.recreate(ctx, list.Items)
+		}
 		for i := range list.Items {
 			p := &list.Items[i]
 			switch {
@@ -105,6 +161,26 @@ func (s *fixedSet) run(ctx context.Context, t *testing.T) {
 			case suite.Running(p):
 				s.observe(t, p)
 			}
+		}
+	}
+}
+
+// recreate creates the bare pods that are gone (deleted by roll), under
+// their names: the same pod, as a controller of bare pods would.
+func (s *fixedSet) recreate(ctx context.Context, pods []corev1.Pod) {
+	present := map[string]bool{}
+	for _, p := range pods {
+		present[p.Name] = true
+	}
+	for i := range s.replicas {
+		name := fmt.Sprintf("%s-%d", s.name, i)
+		if present[name] {
+			continue
+		}
+		if err := s.createPod(ctx, name); err == nil {
+			s.mu.Lock()
+			s.recreated++
+			s.mu.Unlock()
 		}
 	}
 }
@@ -125,7 +201,11 @@ func (s *fixedSet) observe(t *testing.T, p *corev1.Pod) {
 			s.keptIP++
 		} else {
 			s.changedIP++
-			t.Logf("chaos: fixed-IP pod %s came back on %s with %s, not its fixed IP %s (from %s)",
+			report := t.Logf
+			if s.mustKeep {
+				report = t.Errorf
+			}
+			report("chaos: fixed-IP pod %s came back on %s with %s, not its fixed IP %s (from %s)",
 				p.Name, p.Spec.NodeName, p.Status.PodIP, prev.ip, prev.node)
 		}
 	}
@@ -252,6 +332,10 @@ func (s *fixedSet) scale(ctx context.Context, n int) error {
 func (s *fixedSet) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return fmt.Sprintf("%d fixed-IP StatefulSet pods deleted and rebound (%d binds: %d to another replica's node, %d owner unknown; %d bind errors), %d came back with their fixed IP, %d with another, %d after a scale-down",
-		s.deleted, s.binds, s.crossReplica, s.sameReplica, s.bindErrs, s.keptIP, s.changedIP, s.renewedIP)
+	what := "StatefulSet"
+	if s.bare {
+		what = fmt.Sprintf("bare (%d recreated)", s.recreated)
+	}
+	return fmt.Sprintf("%d %s pods of %s deleted and rebound (%d binds: %d to another replica's node, %d owner unknown; %d bind errors), %d came back with their fixed IP, %d with another, %d after a scale-down",
+		s.deleted, what, s.name, s.binds, s.crossReplica, s.sameReplica, s.bindErrs, s.keptIP, s.changedIP, s.renewedIP)
 }

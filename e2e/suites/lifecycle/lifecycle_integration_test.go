@@ -26,10 +26,11 @@ func TestMain(m *testing.M) { os.Exit(suite.Main(m, &env, false)) }
 // invariant checker runs after the ordinary steps (with pool bounds) and
 // again after the exhaustion step.
 func TestLifecycle(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	replicas := 1
 	f := env.Fleet(t, fleet.Options{Name: "life", Nodes: 4, Replicas: replicas})
+	top := t
 	var namespaces []string
 	ns := func(t *testing.T) string {
 		n := suite.Namespace(t, f.Kube)
@@ -130,8 +131,11 @@ func TestLifecycle(t *testing.T) {
 		t.Logf("WorkloadEndpoints of the deleted node's pods collected in %s", time.Since(start).Round(time.Second))
 	})
 
+	t.Run("PSTS", func(t *testing.T) { lifecyclePSTS(ctx, t, top, f, ns) })
+
 	check := func(t *testing.T, pool *invariants.PoolBounds) {
-		chk, err := f.Checker(invariants.Config{Namespaces: namespaces, OrphanGrace: 30 * time.Second, Pool: pool})
+		chk, err := f.Checker(invariants.Config{Namespaces: namespaces, OrphanGrace: 30 * time.Second, Pool: pool,
+			Claims: true, ClaimGrace: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

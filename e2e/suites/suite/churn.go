@@ -17,14 +17,20 @@ import (
 	"github.com/cce-ipam/sharded/e2e/fleet"
 )
 
-// ChurnLabel is on every pod Churn creates.
+// ChurnLabel is on every pod a Churn without a Name creates.
 const ChurnLabel = "app=churn"
 
 // Churn keeps creating and deleting bare pods in one namespace, between
 // Min and Max pods, in a seeded order, until stopped.
 type Churn struct {
 	Namespace string
-	Min, Max  int
+	// Name labels the pods app=<Name> and prefixes their names, so that two
+	// churns can share a namespace. Defaults to "churn" (ChurnLabel).
+	Name string
+	// PSTS, when set, makes the pods that PodSubnetTopologySpread's, as its
+	// mutating webhook would (PSTSMutate).
+	PSTS     string
+	Min, Max int
 	// Period between two steps; each step creates or deletes 1..Batch pods.
 	Period time.Duration
 	Batch  int
@@ -49,11 +55,18 @@ func StartChurn(t testing.TB, f *fleet.Fleet, c *Churn, seed uint64) {
 	if c.Batch == 0 {
 		c.Batch = 5
 	}
+	if c.Name == "" {
+		c.Name = "churn"
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stop = cancel
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	spec := PodSpec(f)
 	spec.TerminationGracePeriodSeconds = ptr.To[int64](2)
+	meta := metav1.ObjectMeta{Labels: map[string]string{"app": c.Name}}
+	if c.PSTS != "" {
+		PSTSMutate(&meta, &spec, c.PSTS)
+	}
 	pods := f.Kube.CoreV1().Pods(c.Namespace)
 	var live []string
 	seq := 0
@@ -70,10 +83,11 @@ func StartChurn(t testing.TB, f *fleet.Fleet, c *Churn, seed uint64) {
 			grow := len(live) < c.Min || (len(live) < c.Max && rng.IntN(2) == 0)
 			for range n {
 				if grow && len(live) < c.Max {
-					name := fmt.Sprintf("churn-%05d", seq)
+					name := fmt.Sprintf("%s-%05d", c.Name, seq)
 					seq++
-					_, err := pods.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name,
-						Labels: map[string]string{"app": "churn"}}, Spec: spec}, metav1.CreateOptions{})
+					m := *meta.DeepCopy()
+					m.Name = name
+					_, err := pods.Create(ctx, &corev1.Pod{ObjectMeta: m, Spec: *spec.DeepCopy()}, metav1.CreateOptions{})
 					if err != nil {
 						c.errors.Add(1)
 						continue
@@ -115,13 +129,23 @@ func (c *Churn) Stats() ChurnStats {
 	}
 }
 
+// Selector selects the churn's pods (after StartChurn).
+func (c *Churn) Selector() string { return "app=" + c.Name }
+
 // WaitSettled waits until every churn pod left in the namespace is Running
 // with an IP (none terminating), and returns them.
 func WaitSettled(ctx context.Context, t testing.TB, f *fleet.Fleet, ns string) []corev1.Pod {
 	t.Helper()
+	return WaitSettledSelector(ctx, t, f, ns, ChurnLabel)
+}
+
+// WaitSettledSelector is WaitSettled for the pods selector selects (a
+// named Churn's Selector).
+func WaitSettledSelector(ctx context.Context, t testing.TB, f *fleet.Fleet, ns, selector string) []corev1.Pod {
+	t.Helper()
 	var n int
 	for {
-		list, err := f.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: ChurnLabel})
+		list, err := f.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err == nil {
 			n = 0
 			for i := range list.Items {
@@ -130,7 +154,7 @@ func WaitSettled(ctx context.Context, t testing.TB, f *fleet.Fleet, ns string) [
 				}
 			}
 			if n == len(list.Items) {
-				return WaitPods(ctx, t, f.Kube, ns, ChurnLabel, n)
+				return WaitPods(ctx, t, f.Kube, ns, selector, n)
 			}
 		}
 		select {

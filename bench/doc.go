@@ -9,7 +9,14 @@
 //  3. BCE calls to take nodes over against one paginated VPC-wide list;
 //  4. memory per replica with 1 and with 3 replicas;
 //  5. the BCE budget at bce-sim while replicas join and leave;
-//  6. cold start of 3 replicas against 1.
+//  6. cold start of 3 replicas against 1;
+//  7. PSTS (Elastic and Fixed) AllocateIP latency against a warm AllocateIP
+//     of the same waves;
+//  8. the API server's cost of a CNI call (issue #28): requests per call
+//     counted at the kube-apiserver, no knee at 1,000 ADDs and DELs against
+//     the bare wep create / delete, CPU and allocations per call before and
+//     after (a baseline binary built from a git revision), a noisy
+//     neighbour with and without the chart's flow-control objects.
 //
 // cmd/bench runs it (`make bench`, `make bench-long`):
 //

@@ -30,6 +30,9 @@ func buildDoc(cfg Config, res *results, path func(string) string) report.Doc {
 	if l := res.latency; l != nil {
 		doc.Sections = append(doc.Sections, b.latencySection(l))
 	}
+	if ps := res.psts; ps != nil {
+		doc.Sections = append(doc.Sections, b.pstsSection(ps))
+	}
 	if f := res.failover; f != nil {
 		doc.Sections = append(doc.Sections, b.failoverSection(f))
 	}
@@ -42,6 +45,9 @@ func buildDoc(cfg Config, res *results, path func(string) string) report.Doc {
 	}
 	if len(res.scales) > 0 {
 		doc.Sections = append(doc.Sections, cold)
+	}
+	if a := res.apicost; a != nil {
+		doc.Sections = append(doc.Sections, b.apicostSection(a))
 	}
 	doc.Sections = append(doc.Sections, b.invariantsSection())
 
@@ -172,6 +178,49 @@ func (b *docBuilder) latencySection(l *latencyResult) report.Section {
 	s.Images = append(s.Images, report.Image{
 		Alt:  "latency CDF",
 		File: b.plot("latency-cdf"),
+	})
+	return s
+}
+
+// pstsSection is item 7: PSTS ADDs against ordinary warm ADDs of the same
+// waves.
+func (b *docBuilder) pstsSection(ps *pstsResult) report.Section {
+	p := b.p
+	s := report.Section{Heading: "7. PSTS allocation latency against a warm allocation"}
+	s.Paragraphs = append(s.Paragraphs, fmt.Sprintf(
+		"%d nodes, %d replica(s); %d repeats of %d waves; each wave makes %d ADDs (%d per node) of each kind, one kind after "+
+			"the other, %d in flight, each call at a random running replica. Baseline: ordinary pods from the warm pool. "+
+			"PSTS Elastic: the cloud picks an address of a shared subnet (one cross-subnet add per ADD, one delete per DEL). "+
+			"PSTS Fixed: the IPAM picks a free address of an exclusive subnet, reserves it (an IPClaim Create) and adds it "+
+			"(one cross-subnet add); each wave's Fixed pods are new pods, so every ADD is a pick. For this item the replicas "+
+			"run with `%s` and bce-sim's per-operation limits are lifted: the figures are the IPAM's cost, not BCE's "+
+			"limit of 5 cross-subnet adds per second (upstream's table), which caps PSTS ADDs cluster-wide in a real cluster. "+
+			"Only successful ADDs are timed; the DEL is outside the timer.",
+		p.LatNodes, ps.replicas, p.PSTSRepeats, p.PSTSWaves, p.LatNodes*p.PSTSPerNode, p.PSTSPerNode, p.Conc,
+		strings.Join(pstsLimitsLifted, " ")))
+	t := report.Table{Header: []string{"kind", "ADDs", "p50 ms", "ratio to warm", "p99 ms", "ratio to warm", "ADDs/s",
+		"ratio to warm", "retried errors"}}
+	w50, w99, wr := ps.warm.medians()
+	for _, r := range []*latRun{ps.warm, ps.elastic, ps.fixed} {
+		o50, o99, or := r.medians()
+		t.Rows = append(t.Rows, []string{r.name, fmt.Sprint(len(r.all())),
+			report.Num(o50, 1), report.Ratio(o50, w50), report.Num(o99, 1), report.Ratio(o99, w99),
+			report.Num(or, 0), report.Ratio(or, wr), fmt.Sprint(r.errors)})
+		if r != ps.warm && len(r.repeats) > 0 {
+			b.addSummary("7. p99 ADD, "+r.name, "(reported)", report.Ratio(o99, w99)+" warm ADD ("+report.Num(o99, 1)+" ms)", "—")
+		}
+	}
+	s.Tables = append(s.Tables, t)
+	names := []string{ps.warm.name, ps.elastic.name, ps.fixed.name}
+	samples := map[string][]float64{}
+	for _, r := range []*latRun{ps.warm, ps.elastic, ps.fixed} {
+		samples[r.name] = r.all()
+	}
+	b.check(report.CDF(b.path(b.plot("psts-latency-cdf")), "Latency CDF: PSTS AllocateIP vs warm AllocateIP",
+		"milliseconds (log)", names, samples, true))
+	s.Images = append(s.Images, report.Image{
+		Alt:  "PSTS latency CDF",
+		File: b.plot("psts-latency-cdf"),
 	})
 	return s
 }
@@ -368,8 +417,8 @@ func (b *docBuilder) invariantsSection() report.Section {
 		verdict = "not checked (interrupted)"
 	case len(res.violations) == 0:
 		inv.Paragraphs = append(inv.Paragraphs, "No violation: no IP was handed to a second pod while its holder kept it (checked on "+
-			"every ADD), and the invariant checker (`e2e/invariants`: duplicate IPs, pod/wep/cloud agreement, orphan weps) "+
-			"found the settled cluster clean.")
+			"every ADD), and the invariant checker (`e2e/invariants`: duplicate IPs, pod/wep/cloud agreement, orphan weps, "+
+			"I7: IPClaims of exclusive-subnet addresses) found the settled cluster clean.")
 	default:
 		inv.Paragraphs = append(inv.Paragraphs, fmt.Sprintf("**FAILED: %d violations.** %s", len(res.violations), res.checkerErr))
 		for i, v := range res.violations {

@@ -21,9 +21,12 @@ import (
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
-// pod is one benchmark pod, bound to its node at creation.
+// pod is one benchmark pod, bound to its node at creation; psts, when set,
+// annotates it for that PodSubnetTopologySpread (as the mutating webhook
+// does).
 type pod struct {
 	name, node string
+	psts       string
 }
 
 // driver plays the CNI plugin directly: it creates pods bound to nodes and
@@ -88,12 +91,20 @@ func (d *driver) containerID() string { return fmt.Sprintf("%064x", d.seq.Add(1)
 // createPods creates perNode pods on each node (round-robin order, so that
 // the first k of them spread evenly), conc at a time.
 func (d *driver) createPods(ctx context.Context, prefix string, nodes []string, perNode, conc int) ([]pod, error) {
+	return d.createPSTSPods(ctx, prefix, "", nodes, perNode, conc)
+}
+
+// createPSTSPods is createPods for pods of a PodSubnetTopologySpread
+// (psts "" for ordinary pods). Their names, <prefix>-<seq>-<k>, end in an
+// ordinal, as a Fixed PSTS asks.
+func (d *driver) createPSTSPods(ctx context.Context, prefix, psts string, nodes []string, perNode, conc int) ([]pod, error) {
 	pods := make([]pod, 0, len(nodes)*perNode)
 	for k := range perNode {
 		for _, n := range nodes {
 			pods = append(pods, pod{
 				name: fmt.Sprintf("%s-%d-%d", prefix, d.seq.Add(1), k),
 				node: n,
+				psts: psts,
 			})
 		}
 	}
@@ -104,10 +115,15 @@ func (d *driver) createPods(ctx context.Context, prefix string, nodes []string, 
 }
 
 func (d *driver) createPod(ctx context.Context, p pod) error {
+	var ann map[string]string
+	if p.psts != "" {
+		ann = map[string]string{cce.AnnotationPodSubnetTopologySpread: p.psts}
+	}
 	_, err := d.kube.CoreV1().Pods(d.ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:   p.name,
-			Labels: map[string]string{"app": "bench"},
+			Name:        p.name,
+			Labels:      map[string]string{"app": "bench"},
+			Annotations: ann,
 		},
 		Spec: corev1.PodSpec{NodeName: p.node, TerminationGracePeriodSeconds: new(int64),
 			Containers: []corev1.Container{{

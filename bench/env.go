@@ -51,6 +51,12 @@ type env struct {
 
 	argsMu    sync.Mutex
 	phaseArgs []string
+	// chartArgs leaves out the bench's own replica flags (item 8 runs the
+	// chart's).
+	chartArgs bool
+	// replicaBin is the fleet's cce-ipam when item 8 runs: a symlink that
+	// item 8 points at another build (see useReplicaBinary).
+	replicaBin string
 }
 
 // replicaArgs are the flags every replica gets on top of the fleet's; the
@@ -59,7 +65,18 @@ func (e *env) replicaArgs(int) []string {
 	e.argsMu.Lock()
 	defer e.argsMu.Unlock()
 	a := []string{"--kube-api-qps", "500", "--kube-api-burst", "1000", "--batch-add-ip-num", "10", "--enable-profiling"}
+	if e.chartArgs {
+		a = nil
+	}
 	return append(a, e.phaseArgs...)
+}
+
+// setChartArgs switches the bench's own replica flags off (on) for
+// replicas started from now on.
+func (e *env) setChartArgs(on bool) {
+	e.argsMu.Lock()
+	defer e.argsMu.Unlock()
+	e.chartArgs = on
 }
 
 // setPhaseArgs changes the flags of replicas started from now on.
@@ -105,6 +122,10 @@ func startEnv(ctx context.Context, cfg Config) (_ *env, err error) {
 		}
 	}
 	e.log.Info("starting bce-sim and the first replica")
+	fleetBin, err := e.fleetBinDir()
+	if err != nil {
+		return nil, err
+	}
 	opts := fleet.Options{
 		// A shared control plane: the fleet installs the chart's wep fencing
 		// policy for the pods' namespace (the replicas keep their Leases
@@ -112,7 +133,7 @@ func startEnv(ctx context.Context, cfg Config) (_ *env, err error) {
 		// write of the bench is checked by the API server, as in a cluster.
 		SharedCluster:    e.cp,
 		LeaseNamespace:   podNamespace,
-		BinDir:           cfg.BinDir,
+		BinDir:           fleetBin,
 		Dir:              filepath.Join(cfg.WorkDir, "fleet"),
 		KeepDir:          true,
 		Name:             "bench",
@@ -142,6 +163,21 @@ func startEnv(ctx context.Context, cfg Config) (_ *env, err error) {
 	e.smp = newSampler(e.f, 500*time.Millisecond)
 	e.smp.start()
 	return e, nil
+}
+
+// fleetBinDir is the fleet's bin/: Config.BinDir, or, when item 8 runs
+// (it runs replicas of another build), a directory of links to it whose
+// cce-ipam can be pointed elsewhere (useReplicaBinary).
+func (e *env) fleetBinDir() (string, error) {
+	if !e.cfg.runs("apicost") {
+		return e.cfg.BinDir, nil
+	}
+	dir, err := linkBinDir(e.cfg.BinDir, filepath.Join(e.cfg.WorkDir, "fleet-bin"))
+	if err != nil {
+		return "", err
+	}
+	e.replicaBin = filepath.Join(dir, "cce-ipam")
+	return dir, nil
 }
 
 // close stops everything, also after a failed start. Logs stay in WorkDir.

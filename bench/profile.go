@@ -36,6 +36,16 @@ type Profile struct {
 	ColdRepeats int
 	// MemWindow is how long memory is sampled in a settled cluster.
 	MemWindow time.Duration
+
+	// Item 7: on the LatNodes nodes, waves of PSTSPerNode allocations per
+	// node of each kind (ordinary warm, PSTS Elastic, PSTS Fixed), one
+	// after the other; PSTSWaves waves per repeat, PSTSRepeats repeats.
+	PSTSPerNode, PSTSWaves, PSTSRepeats int
+
+	// Item 8: APICostCalls ADDs then DELs per concurrency of APICostConcs
+	// (the knee), APICostReqCalls calls per kind counted at the API server.
+	APICostCalls, APICostReqCalls int
+	APICostConcs                  []int
 }
 
 // Scale is a cluster size for the memory, takeover and cold-start items.
@@ -72,6 +82,13 @@ var Profiles = map[string]Profile{
 		}},
 		ColdRepeats: 1,
 		MemWindow:   5 * time.Second,
+		PSTSPerNode: 2,
+		PSTSWaves:   1,
+		PSTSRepeats: 1,
+
+		APICostCalls:    200,
+		APICostReqCalls: 50,
+		APICostConcs:    []int{1, 8, 32},
 	},
 	"short": {
 		Name:         "short",
@@ -94,6 +111,13 @@ var Profiles = map[string]Profile{
 		}},
 		ColdRepeats: 2,
 		MemWindow:   10 * time.Second,
+		PSTSPerNode: 2,
+		PSTSWaves:   2,
+		PSTSRepeats: 2,
+
+		APICostCalls:    1000,
+		APICostReqCalls: 100,
+		APICostConcs:    []int{1, 8, 32},
 	},
 	"long": {
 		Name:         "long",
@@ -119,6 +143,13 @@ var Profiles = map[string]Profile{
 		}},
 		ColdRepeats: 2,
 		MemWindow:   20 * time.Second,
+		PSTSPerNode: 2,
+		PSTSWaves:   2,
+		PSTSRepeats: 2,
+
+		APICostCalls:    1000,
+		APICostReqCalls: 100,
+		APICostConcs:    []int{1, 8, 32},
 	},
 }
 
@@ -134,8 +165,8 @@ type Config struct {
 	// OutDir receives report.md (or ReportName) and the plots.
 	OutDir     string
 	ReportName string
-	// Items limits the run to some items ("latency", "failover", "budget",
-	// "scale"); empty runs them all. A partial run's report says so.
+	// Items limits the run to some items ("latency", "psts", "failover",
+	// "budget", "scale", "apicost"); empty runs them all. A partial run's report says so.
 	Items []string
 	// Command is the command line, quoted in the report.
 	Command string
@@ -143,11 +174,14 @@ type Config struct {
 	// without the chart's wep fencing policy, to measure what the policy
 	// costs; by default it is installed, as in a cluster.
 	NoFencingPolicy bool
-	Logger          *slog.Logger
+	// BaselineRev is the git revision whose cce-ipam item 8 measures as
+	// "before" (DefaultBaselineRev when empty).
+	BaselineRev string
+	Logger      *slog.Logger
 }
 
 // Items a run can be limited to; runAll names each step's item.
-var items = []string{"latency", "failover", "budget", "scale"}
+var items = []string{"latency", "psts", "failover", "budget", "scale", "apicost"}
 
 // CheckItems refuses unknown item names.
 func CheckItems(only []string) error {

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +26,7 @@ func TestConfigRunsOnlyTheChosenItems(t *testing.T) {
 		}
 	}
 	only := Config{Items: []string{"failover", "scale"}}
-	want := map[string]bool{"latency": false, "failover": true, "budget": false, "scale": true}
+	want := map[string]bool{"latency": false, "psts": false, "failover": true, "budget": false, "scale": true}
 	for it, w := range want {
 		if got := only.runs(it); got != w {
 			t.Errorf("runs(%q) with items failover,scale = %v, want %v", it, got, w)
@@ -80,6 +81,36 @@ func TestReport_ColdStartListsEveryStart(t *testing.T) {
 	}
 	got := b.String()
 	for _, want := range []string{"39.3 (39.3, 161.1)", "56 (56, 206)", "slowest of 2: 161.1 s, 206 calls"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// Item 7's section: the three kinds in one table with their ratios to the
+// warm ADD, and one summary row per PSTS kind.
+func TestReport_PSTSRowsAreRatiosToWarm(t *testing.T) {
+	cfg := Config{Profile: Profiles["smoke"], OutDir: t.TempDir()}
+	run := func(name string, ms ...int) *latRun {
+		var ds []time.Duration
+		for _, m := range ms {
+			ds = append(ds, time.Duration(m)*time.Millisecond)
+		}
+		return &latRun{name: name, repeats: [][]time.Duration{ds}, rates: []float64{100}}
+	}
+	res := &results{psts: &pstsResult{warm: run("ordinary, warm pool", 10, 10, 10), elastic: run("PSTS Elastic", 20, 20, 20),
+		fixed: run("PSTS Fixed", 40, 40, 40), replicas: 3}}
+	var b strings.Builder
+	for _, s := range buildDoc(cfg, res, func(f string) string { return filepath.Join(cfg.OutDir, f) }).Sections {
+		for _, tb := range s.Tables {
+			for _, r := range tb.Rows {
+				b.WriteString(strings.Join(r, "|") + "\n")
+			}
+		}
+	}
+	got := b.String()
+	for _, want := range []string{"PSTS Elastic|3|20|2×|20|2×", "PSTS Fixed|3|40|4×|40|4×",
+		"7. p99 ADD, PSTS Fixed|(reported)|4× warm ADD (40 ms)"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("report lacks %q:\n%s", want, got)
 		}

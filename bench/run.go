@@ -23,9 +23,11 @@ type results struct {
 	finished   time.Time
 	machine    report.Env
 	latency    *latencyResult
+	psts       *pstsResult
 	failover   *failoverResult
 	budget     *budgetResult
 	scales     []*scaleResult
+	apicost    *apicostResult
 	violations []string
 	checkerErr string
 	// unchecked: the run was interrupted before the invariant checker ran.
@@ -82,6 +84,7 @@ func (e *env) runAll(ctx context.Context, res *results) error {
 		}
 	}
 	step("latency", "1 warm allocation", func() (err error) { res.latency, err = e.runLatency(ctx, latNodes); return })
+	step("psts", "7 PSTS allocation", func() (err error) { res.psts, err = e.runPSTS(ctx, latNodes); return })
 	step("failover", "2 failover", func() (err error) { res.failover, err = e.runFailover(ctx, latNodes); return })
 	step("budget", "5 budget", func() (err error) { res.budget, err = e.runBudget(ctx, latNodes); return })
 	filled := map[string]bool{}
@@ -94,6 +97,7 @@ func (e *env) runAll(ctx context.Context, res *results) error {
 			return err
 		})
 	}
+	step("apicost", "8 API cost of a CNI call", func() (err error) { res.apicost, err = e.runAPICost(ctx, latNodes); return })
 	res.violations = e.drv.Violations()
 	if ctx.Err() != nil {
 		// Interrupted: the checker's wait (up to 3 min, on a control plane
@@ -109,6 +113,8 @@ func (e *env) runAll(ctx context.Context, res *results) error {
 	chk, err := e.f.Checker(invariants.Config{
 		Namespaces:  []string{podNamespace},
 		OrphanGrace: time.Minute,
+		Claims:      true,
+		ClaimGrace:  time.Minute,
 	})
 	if err != nil {
 		return err

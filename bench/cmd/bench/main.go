@@ -31,7 +31,9 @@ func main() {
 	out := flag.String("out", "", "output directory (default bench/results/<today>)")
 	workDir := flag.String("work-dir", "", "directory for the processes' logs (default: a new temporary directory)")
 	items := flag.String("items", "",
-		"comma-separated items to run: latency, failover, budget, scale (default all; the report then says it is partial)")
+		"comma-separated items to run: latency, psts, failover, budget, scale, apicost (default all; the report then says it is partial)")
+	baselineRev := flag.String("baseline-rev", bench.DefaultBaselineRev,
+		"git revision whose cce-ipam item 8 (apicost) measures as \"before\" (CPU and allocations per call); built into the work dir")
 	scales := flag.String("scales", "",
 		"comma-separated node counts for items 3, 4 and 6, overriding the profile's (pods per node stay the profile's)")
 	coldRepeats := flag.Int("cold-repeats", 0, "cold starts per size and replica count, overriding the profile's (0: the profile's)")
@@ -71,7 +73,7 @@ func main() {
 		p.ColdRepeats = *coldRepeats
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	if err := run(p, only, *binDir, *out, *workDir, *noPolicy, log); err != nil {
+	if err := run(p, only, *binDir, *out, *workDir, *noPolicy, *baselineRev, log); err != nil {
 		log.Error("bench failed", "err", err)
 		if errors.Is(err, bench.ErrInvariant) {
 			os.Exit(3)
@@ -80,7 +82,7 @@ func main() {
 	}
 }
 
-func run(p bench.Profile, only []string, binDir, out, workDir string, noPolicy bool, log *slog.Logger) error {
+func run(p bench.Profile, only []string, binDir, out, workDir string, noPolicy bool, baselineRev string, log *slog.Logger) error {
 	root, err := os.Getwd()
 	if err != nil {
 		return err
@@ -122,6 +124,7 @@ func run(p bench.Profile, only []string, binDir, out, workDir string, noPolicy b
 		Items:           only,
 		Command:         cmd,
 		NoFencingPolicy: noPolicy,
+		BaselineRev:     baselineRev,
 		Logger:          log,
 	})
 	log.Info("report written", "file", filepath.Join(out, name), "logs", workDir)

@@ -1,0 +1,280 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cce-ipam/sharded/bench/report"
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
+)
+
+// phase is one batch of timed calls: each call's duration, and when it
+// ended (since the phase's start), in the order they ended.
+type phase struct {
+	took    []time.Duration
+	ends    []time.Duration
+	elapsed time.Duration
+	errors  int // failed attempts, retried
+	lastErr string
+	skipped int // calls that had nothing to time (errSkip)
+}
+
+// errSkip is what a call returns when it had nothing to do and is not
+// timed: a floor wep the replica's GC deleted first (it names no pod).
+var errSkip = errors.New("nothing to time")
+
+// rateFirst is the calls per second of the first k calls to end: k over the
+// time from the phase's start until the k-th ended.
+func (p phase) rateFirst(k int) float64 {
+	if k <= 0 || len(p.ends) < k || p.ends[k-1] <= 0 {
+		return 0
+	}
+	return float64(k) / p.ends[k-1].Seconds()
+}
+
+// rateLast is the calls per second of the last k calls to end: k over the
+// time from the end of the call before them until the last ended.
+func (p phase) rateLast(k int) float64 {
+	n := len(p.ends)
+	if k <= 0 || n < k {
+		return 0
+	}
+	var from time.Duration
+	if n > k {
+		from = p.ends[n-k-1]
+	}
+	span := p.ends[n-1] - from
+	if span <= 0 {
+		return 0
+	}
+	return float64(k) / span.Seconds()
+}
+
+func (p phase) quantile(q float64) float64 { return report.Quantile(report.Millis(p.took), q) }
+
+// timedPhase runs call(i) for i in 0..n-1, conc at a time. A failed call is
+// retried (each attempt timed on its own; only the successful one counts)
+// for up to 2 minutes.
+func timedPhase(ctx context.Context, n, conc int, call func(ctx context.Context, i int) (time.Duration, error)) (phase, error) {
+	var (
+		mu sync.Mutex
+		p  phase
+	)
+	start := time.Now()
+	err := parallel(ctx, n, conc, func(ctx context.Context, i int) error {
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			d, err := call(ctx, i)
+			mu.Lock()
+			if errors.Is(err, errSkip) {
+				p.skipped++
+				mu.Unlock()
+				return nil
+			}
+			if err == nil {
+				p.took = append(p.took, d)
+				p.ends = append(p.ends, time.Since(start))
+				mu.Unlock()
+				return nil
+			}
+			p.errors++
+			p.lastErr = err.Error()
+			mu.Unlock()
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return err
+			}
+			sleep(ctx, 100*time.Millisecond)
+		}
+	})
+	p.elapsed = time.Since(start)
+	slices.Sort(p.ends)
+	return p, err
+}
+
+// addDelPhases makes one ADD per pod (a fresh sandbox each), conc at a
+// time, then the DEL of each: two timed phases.
+func (e *env) addDelPhases(ctx context.Context, pods []pod, conc int, target func() string) (add, del phase, err error) {
+	cids := make([]string, len(pods))
+	ips := make([]string, len(pods))
+	add, err = timedPhase(ctx, len(pods), conc, func(ctx context.Context, i int) (time.Duration, error) {
+		if cids[i] == "" {
+			cids[i] = e.drv.containerID()
+		}
+		ip, d, err := e.drv.allocate(ctx, target(), pods[i], cids[i], 30*time.Second)
+		ips[i] = ip
+		return d, err
+	})
+	// The DELs run also after a failed ADD phase: what was given is freed.
+	del, derr := timedPhase(ctx, len(pods), conc, func(ctx context.Context, i int) (time.Duration, error) {
+		if ips[i] == "" {
+			return 0, errSkip
+		}
+		return e.drv.releaseOnce(ctx, target(), pods[i], cids[i], ips[i])
+	})
+	return add, del, errors.Join(err, derr)
+}
+
+// releaseOnce makes one ReleaseIP call at addr, with the node's name as the
+// CNI plugin sends it, and returns its duration.
+func (d *driver) releaseOnce(ctx context.Context, addr string, p pod, cid, ip string) (time.Duration, error) {
+	if addr == "" {
+		return 0, errors.New("no live replica")
+	}
+	c, err := d.client(addr)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	reply, err := c.ReleaseIP(ctx, &rpc.ReleaseIPRequest{K8SPodName: p.name, K8SPodNamespace: d.ns,
+		K8SPodInfraContainerID: cid, K8SNodeName: p.node, IPType: rpc.IPType_BCCMultiENIMultiIPType})
+	took := time.Since(start)
+	if err == nil && !reply.IsSuccess {
+		err = errors.New(reply.ErrMsg)
+	}
+	if err != nil {
+		return took, fmt.Errorf("release %s: %w", p.name, err)
+	}
+	d.heldMu.Lock()
+	if h, ok := d.held[ip]; ok && h.pod == p.name {
+		delete(d.held, ip)
+	}
+	d.heldMu.Unlock()
+	return took, nil
+}
+
+// checkOnce makes one CheckIP call at addr and returns the IP it reports.
+func (d *driver) checkOnce(ctx context.Context, addr string, p pod, cid string) (string, time.Duration, error) {
+	c, err := d.client(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	reply, err := c.CheckIP(ctx, &rpc.CheckIPRequest{K8SPodName: p.name, K8SPodNamespace: d.ns,
+		K8SPodInfraContainerID: cid, K8SNodeName: p.node})
+	took := time.Since(start)
+	if err == nil && !reply.IsSuccess {
+		err = errors.New(reply.ErrMsg)
+	}
+	if err != nil {
+		return "", took, fmt.Errorf("check %s: %w", p.name, err)
+	}
+	return reply.GetENIMultiIP().GetIP(), took, nil
+}
+
+// kneeRun is item 8b at one concurrency: our ADDs then DELs, and the bare
+// wep creates then deletes of the same count right before them.
+type kneeRun struct {
+	conc                           int
+	add, del, floorAdd, floorDel   phase
+	firstLastK                     int
+	replicas                       int
+	addPerSecFirst, addPerSecLast  float64
+	delPerSecFirst, delPerSecLast  float64
+	floorPerSecAdd, floorPerSecDel float64
+}
+
+// runKnee is item 8b at every concurrency of the profile: the floor (bare
+// wep creates, then deletes, conc at a time), then one ADD per pod, then
+// their DELs.
+func (e *env) runKnee(ctx context.Context, pods []pod, target func() string) ([]kneeRun, error) {
+	var out []kneeRun
+	for _, c := range e.cfg.Profile.APICostConcs {
+		k := kneeRun{conc: c, firstLastK: min(100, len(pods)/4), replicas: len(e.running())}
+		var err error
+		if k.floorAdd, k.floorDel, err = e.floorPhases(ctx, len(pods), c); err != nil {
+			return out, fmt.Errorf("floor at c=%d: %w", c, err)
+		}
+		sleep(ctx, 2*time.Second)
+		if k.add, k.del, err = e.addDelPhases(ctx, pods, c, target); err != nil {
+			return out, fmt.Errorf("ADD/DEL at c=%d: %w", c, err)
+		}
+		k.addPerSecFirst, k.addPerSecLast = k.add.rateFirst(k.firstLastK), k.add.rateLast(k.firstLastK)
+		k.delPerSecFirst, k.delPerSecLast = k.del.rateFirst(k.firstLastK), k.del.rateLast(k.firstLastK)
+		k.floorPerSecAdd = float64(len(k.floorAdd.took)) / k.floorAdd.elapsed.Seconds()
+		k.floorPerSecDel = float64(len(k.floorDel.took)) / k.floorDel.elapsed.Seconds()
+		e.log.Info("apicost knee", "replicas", k.replicas, "conc", c,
+			"add_p50_ms", k.add.quantile(0.5), "add_p99_ms", k.add.quantile(0.99),
+			"del_p50_ms", k.del.quantile(0.5), "del_p99_ms", k.del.quantile(0.99),
+			"floor_create_p99_ms", k.floorAdd.quantile(0.99), "floor_delete_p99_ms", k.floorDel.quantile(0.99),
+			"add_first_per_s", k.addPerSecFirst, "add_last_per_s", k.addPerSecLast,
+			"del_first_per_s", k.delPerSecFirst, "del_last_per_s", k.delPerSecLast)
+		out = append(out, k)
+		sleep(ctx, 3*time.Second) // cooling (1s) + pool check
+	}
+	return out, nil
+}
+
+// floorPhases creates n bare weps conc at a time, then deletes them conc at
+// a time, timing each request.
+func (e *env) floorPhases(ctx context.Context, n, conc int) (create, del phase, err error) {
+	base := int(e.drv.seq.Add(int64(n)))
+	name := func(i int) string { return fmt.Sprintf("floor-%d", base+i) }
+	create, err = timedPhase(ctx, n, conc, func(ctx context.Context, i int) (time.Duration, error) {
+		return e.drv.floorCreate(ctx, floorNamespace, name(i), i)
+	})
+	if err != nil {
+		return create, del, errors.Join(err, e.drv.floorDeleteAll(ctx, floorNamespace))
+	}
+	weps := e.cce.CceV1alpha1().WorkloadEndpoints(floorNamespace)
+	del, err = timedPhase(ctx, n, conc, func(ctx context.Context, i int) (time.Duration, error) {
+		start := time.Now()
+		err := weps.Delete(ctx, name(i), metav1.DeleteOptions{})
+		if apierrors.IsNotFound(err) {
+			// The replica's GC deletes weps of pods that do not exist,
+			// these among them (every 2 minutes with the chart's period).
+			return 0, errSkip
+		}
+		return time.Since(start), err
+	})
+	return create, del, err
+}
+
+// linkBinDir makes dir a directory of symbolic links to every file of
+// binDir, so that one of them can be pointed elsewhere.
+func linkBinDir(binDir, dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	ents, err := os.ReadDir(binDir)
+	if err != nil {
+		return "", err
+	}
+	for _, en := range ents {
+		link := filepath.Join(dir, en.Name())
+		_ = os.Remove(link)
+		if err := os.Symlink(filepath.Join(binDir, en.Name()), link); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+// useReplicaBinary points the fleet's cce-ipam at bin ("" for bin/'s own)
+// for replicas started from now on.
+func (e *env) useReplicaBinary(bin string) error {
+	if e.replicaBin == "" {
+		return errors.New("the fleet's cce-ipam is not a link (item 8 was not selected at the start)")
+	}
+	if bin == "" {
+		bin = filepath.Join(e.cfg.BinDir, "cce-ipam")
+	}
+	tmp := e.replicaBin + ".new"
+	_ = os.Remove(tmp)
+	if err := os.Symlink(bin, tmp); err != nil {
+		return err
+	}
+	return os.Rename(tmp, e.replicaBin)
+}

@@ -54,7 +54,15 @@ type noisyResult struct {
 	addsPerCondition, waves  int
 	floodErrs, floodErrsFC   int64
 	lastFloodErr, lastErrsFC string
+	// floodFailed and floodFailedFC say why a flood condition's ADDs did not
+	// all succeed within noisyFloodLimit (the replica lost its partitions,
+	// say): a result of the part, not an end of it.
+	floodFailed, floodFailedFC string
 }
+
+// noisyFloodLimit bounds one flood condition's ADDs: a replica the flood
+// starves may fail every call for as long as the flood lasts.
+const noisyFloodLimit = 3 * time.Minute
 
 // runNoisy is item 8d on one replica, restarted as the chart's
 // ServiceAccount (and restarted back at the end).
@@ -81,7 +89,7 @@ func (e *env) runNoisy(ctx context.Context, nodes []string, phaseArgs []string) 
 	sleep(ctx, 3*time.Second)
 	res.addsPerCondition = res.waves * len(pods)
 
-	adds := func() (phase, error) {
+	adds := func(ctx context.Context) (phase, error) {
 		var all phase
 		for range res.waves {
 			add, _, err := e.addDelPhases(ctx, pods, p.Conc, e.firstTarget())
@@ -102,15 +110,31 @@ func (e *env) runNoisy(ctx context.Context, nodes []string, phaseArgs []string) 
 			wg.Go(func() { fl.run(fctx, noisy) })
 		}
 		sleep(ctx, 3*time.Second) // the flood fills the API server's seats first
-		ph, err = adds()
+		actx, cancel := context.WithTimeout(ctx, noisyFloodLimit)
+		ph, err = adds(actx)
+		cancel()
 		stop()
 		wg.Wait()
 		return ph, float64(fl.ok.Load()) / time.Since(start).Seconds(), fl.rejected.Load(), fl.errs.Load(), fl.lastErr(), err
 	}
-	if res.quiet, err = adds(); err != nil {
+	// afterFlood records a flood condition that failed and waits until the
+	// replica serves every node again, so that the next condition starts
+	// from the same state.
+	afterFlood := func(failed *string, err error) error {
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		*failed = err.Error()
+		if _, serr := e.settle(ctx, len(e.f.Nodes()), 3*time.Minute); serr != nil {
+			return fmt.Errorf("after the flood (%v): %w", err, serr)
+		}
+		return nil
+	}
+	if res.quiet, err = adds(ctx); err != nil {
 		return res, fmt.Errorf("quiet: %w", err)
 	}
-	if res.flood, res.lists, res.rejected, res.floodErrs, res.lastFloodErr, err = withFlood(); err != nil {
+	res.flood, res.lists, res.rejected, res.floodErrs, res.lastFloodErr, err = withFlood()
+	if err = afterFlood(&res.floodFailed, err); err != nil {
 		return res, fmt.Errorf("flood: %w", err)
 	}
 	remove, err := e.applyFlowControl(ctx, res)
@@ -120,10 +144,11 @@ func (e *env) runNoisy(ctx context.Context, nodes []string, phaseArgs []string) 
 	}
 	defer remove()
 	sleep(ctx, 3*time.Second) // APF's config controller picks the objects up
-	if res.quietFC, err = adds(); err != nil {
+	if res.quietFC, err = adds(ctx); err != nil {
 		return res, fmt.Errorf("quiet, flow control: %w", err)
 	}
-	if res.floodFC, res.listsFC, res.rejectedFC, res.floodErrsFC, res.lastErrsFC, err = withFlood(); err != nil {
+	res.floodFC, res.listsFC, res.rejectedFC, res.floodErrsFC, res.lastErrsFC, err = withFlood()
+	if err = afterFlood(&res.floodFailedFC, err); err != nil {
 		return res, fmt.Errorf("flood, flow control: %w", err)
 	}
 	return res, nil

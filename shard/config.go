@@ -34,8 +34,9 @@ type Config struct {
 	// Default 20s; 0: no wait.
 	OwnerWait time.Duration
 	// ForwardKeyFile holds the base64 key that authenticates calls forwarded
-	// between replicas (HMAC-SHA256). Empty: the gossip key file is used; with
-	// neither, forwards are unauthenticated (a warning is logged).
+	// between replicas (HMAC-SHA256). Empty: a key derived from the gossip
+	// key (ForwardKeyFromGossipKey), with a warning; with neither, forwards
+	// are unauthenticated (a warning is logged).
 	ForwardKeyFile string
 	// LeaveTimeout bounds the graceful hand-over on shutdown. Default 20s;
 	// 0: no hand-over (the partitions move when the lease expires).
@@ -86,7 +87,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.OwnerWait, "shard-owner-wait", 20*time.Second,
 		"how long a CNI call waits for its node to get an owner before failing with a retryable error")
 	fs.StringVar(&c.ForwardKeyFile, "shard-forward-key-file", "",
-		"file with the base64 key authenticating calls forwarded between replicas (default: the gossip key file)")
+		"file with the base64 key authenticating calls forwarded between replicas "+
+			"(default: a key derived from the gossip key, with a warning)")
 	fs.DurationVar(&c.LeaveTimeout, "shard-leave-timeout", 20*time.Second, "how long a graceful shutdown waits to hand its nodes over")
 	fs.DurationVar(&c.ColdStartSettle, "shard-cold-start-settle", 2*time.Second,
 		"at a cold start (no live replica holds any nodes), wait until the set of replicas has been stable for this long "+

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -15,17 +16,21 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
 // A call forwarded from one replica to the owner carries one metadata
 // header, "x-cce-ipam-forward: <from>;<unix ms>;<mac>", where mac is
-// HMAC-SHA256 under the shared forward key of the method, the pod, the
-// sandbox, the sender and the time. A pod on the network cannot forge it
-// without the key; a replayed header is only accepted for forwardSkew and
-// only for the same call (which is idempotent). A forwarded call is never
-// forwarded again: that is the hop limit.
+// HMAC-SHA256 under the shared forward key of the method, the sender, the
+// time and the whole request message (its deterministic protobuf encoding:
+// every field, the node name, the IP type and a fixed-IP move's address
+// included). The forwarder signs in a client interceptor, so what it signs
+// is exactly the message it sends. A pod on the network cannot forge or
+// alter one without the key; a replayed header is only accepted for
+// forwardSkew and only for the same request (which is idempotent). A
+// forwarded call is never forwarded again: that is the hop limit.
 const (
 	headerForward = "x-cce-ipam-forward"
 	forwardSkew   = 30 * time.Second
@@ -56,21 +61,36 @@ func NewAuthenticator(key []byte) *Authenticator {
 	}
 }
 
-func (a *Authenticator) mac(method, namespace, name, containerID, from string, ms int64) string {
+// deterministic encodes a request the same way on both ends: the receiver
+// re-encodes the message it decoded, so the MAC needs no access to the
+// bytes on the wire.
+var deterministic = proto.MarshalOptions{Deterministic: true}
+
+// mac covers the method, the sender, the time and the encoded request, each
+// length-prefixed so no two different calls share an input.
+func (a *Authenticator) mac(method, from string, ms int64, body []byte) string {
 	h := hmac.New(sha256.New, a.key)
-	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n%s\n%d", method, namespace, name, containerID, from, ms)
+	for _, part := range [][]byte{[]byte(method), []byte(from), []byte(strconv.FormatInt(ms, 10)), body} {
+		var n [binary.MaxVarintLen64]byte
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
+		h.Write(part)
+	}
 	return base64.RawStdEncoding.EncodeToString(h.Sum(nil))
 }
 
-// Sign returns the header value for a call.
-func (a *Authenticator) Sign(method string, req podFields, from string) string {
+// Sign returns the header value for a call of method with req.
+func (a *Authenticator) Sign(method string, req proto.Message, from string) (string, error) {
+	body, err := deterministic.Marshal(req)
+	if err != nil {
+		return "", fmt.Errorf("sign %s: %w", method, err)
+	}
 	ms := a.now().UnixMilli()
-	return from + ";" + strconv.FormatInt(ms, 10) + ";" +
-		a.mac(method, req.GetK8SPodNamespace(), req.GetK8SPodName(), req.GetK8SPodInfraContainerID(), from, ms)
+	return from + ";" + strconv.FormatInt(ms, 10) + ";" + a.mac(method, from, ms, body), nil
 }
 
-// Verify checks a header value for a call and returns the sender.
-func (a *Authenticator) Verify(method string, req podFields, header string) (string, error) {
+// Verify checks a header value for a call of method with req and returns
+// the sender.
+func (a *Authenticator) Verify(method string, req proto.Message, header string) (string, error) {
 	parts := strings.Split(header, ";")
 	if len(parts) != 3 || parts[0] == "" {
 		return "", fmt.Errorf("%w: malformed header", ErrForgedForward)
@@ -82,19 +102,49 @@ func (a *Authenticator) Verify(method string, req podFields, header string) (str
 	if d := a.now().Sub(time.UnixMilli(ms)); d > forwardSkew || d < -forwardSkew {
 		return "", fmt.Errorf("%w: stale or future timestamp (%s)", ErrForgedForward, d.Round(time.Second))
 	}
-	want := a.mac(method, req.GetK8SPodNamespace(), req.GetK8SPodName(), req.GetK8SPodInfraContainerID(), parts[0], ms)
-	if !hmac.Equal([]byte(want), []byte(parts[2])) {
+	body, err := deterministic.Marshal(req)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrForgedForward, err)
+	}
+	if !hmac.Equal([]byte(a.mac(method, parts[0], ms, body)), []byte(parts[2])) {
 		return "", fmt.Errorf("%w: bad signature", ErrForgedForward)
 	}
 	return parts[0], nil
 }
 
-// podFields are the request fields the signature covers; every CNI request
-// message has them.
-type podFields interface {
-	GetK8SPodName() string
-	GetK8SPodNamespace() string
-	GetK8SPodInfraContainerID() string
+// ForwardKeyFromGossipKey derives the forward key of a deployment that has
+// only a gossip key (HMAC-SHA256 of the gossip key over a fixed label), so
+// that the gossip encryption key is never used as an HMAC key itself.
+func ForwardKeyFromGossipKey(gossipKey []byte) []byte {
+	h := hmac.New(sha256.New, gossipKey)
+	h.Write([]byte("cce-ipam forward key v1"))
+	return h.Sum(nil)
+}
+
+// signedMethod is the name a call is signed under: a fixed-IP move is a
+// ReleaseIP with headerMove, signed under its own name so that neither can
+// pass for the other.
+func signedMethod(fullMethod string, move bool) string {
+	if move {
+		return methodMove
+	}
+	return fullMethod
+}
+
+// signCall is the client interceptor of the connections to other replicas
+// (only forwarded calls use them): it signs the request being sent.
+func (f *Forwarder) signCall(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	msg, ok := req.(proto.Message)
+	if !ok {
+		return status.Errorf(codes.Internal, "forward %s: not a protobuf request", method)
+	}
+	md, _ := metadata.FromOutgoingContext(ctx)
+	header, err := f.auth.Sign(signedMethod(method, len(md.Get(headerMove)) > 0 && method == methodRelease), msg, f.self)
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	return invoker(metadata.AppendToOutgoingContext(ctx, headerForward, header), method, req, reply, cc, opts...)
 }
 
 // UnaryInterceptor verifies forwarded calls before they reach the service:
@@ -108,17 +158,14 @@ func (r *Router) UnaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 	if len(vals) == 0 {
 		return handler(ctx, req)
 	}
-	pf, ok := req.(podFields)
+	msg, ok := req.(proto.Message)
 	if !ok || len(vals) != 1 {
 		r.fwd.metrics.forwardRejected.Inc()
 		return nil, status.Error(codes.PermissionDenied, ErrForgedForward.Error())
 	}
-	method := info.FullMethod
 	move := isMove(md, info)
-	if move {
-		method = methodMove
-	}
-	from, err := r.fwd.auth.Verify(method, pf, vals[0])
+	method := signedMethod(info.FullMethod, move)
+	from, err := r.fwd.auth.Verify(method, msg, vals[0])
 	if err != nil {
 		r.fwd.metrics.forwardRejected.Inc()
 		r.log.Warn("rejected a forwarded call", "method", method, "err", err)
@@ -135,5 +182,4 @@ func (r *Router) UnaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 var (
 	methodAllocate = "/" + rpc.CNIBackend_ServiceDesc.ServiceName + "/AllocateIP"
 	methodRelease  = "/" + rpc.CNIBackend_ServiceDesc.ServiceName + "/ReleaseIP"
-	methodCheck    = "/" + rpc.CNIBackend_ServiceDesc.ServiceName + "/CheckIP"
 )

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/cce-ipam/sharded/ipamcore/podip"
@@ -85,9 +84,7 @@ func (f *Forwarder) Close() {
 
 // call is one routed call: where it goes, and how it is served at each end.
 type call struct {
-	method string
-	node   string
-	ref    podip.PodRef
+	node string
 	// local serves it here; nil: this side cannot (the call is refused
 	// when the node's partition is this replica's).
 	local func(context.Context) (podip.Endpoint, bool, error)
@@ -125,7 +122,7 @@ func (f *Forwarder) route(ctx context.Context, c call) (podip.Endpoint, bool, er
 			}
 			lastErr = err
 		case rt.GRPC != "" && !forwarded:
-			ep, ok, err := f.forward(ctx, c.method, rt, c.ref, c.remote)
+			ep, ok, err := f.forward(ctx, rt, c.remote)
 			if err == nil || !retryable(err) {
 				f.waited(waited, err)
 				return ep, ok, err
@@ -160,20 +157,14 @@ func (f *Forwarder) waited(waited bool, err error) {
 	}
 }
 
-// forward sends the call to the owner, signed.
-func (f *Forwarder) forward(ctx context.Context, method string, rt Route, ref podip.PodRef,
+// forward sends the call to the owner; the connection signs it (signCall).
+func (f *Forwarder) forward(ctx context.Context, rt Route,
 	remote func(context.Context, rpc.CNIBackendClient) (podip.Endpoint, bool, error),
 ) (podip.Endpoint, bool, error) {
 	conn, err := f.conn(rt.GRPC)
 	if err != nil {
 		return podip.Endpoint{}, false, fmt.Errorf("%w: %w", ErrNotOwner, err)
 	}
-	req := &rpc.AllocateIPRequest{
-		K8SPodName:             ref.Name,
-		K8SPodNamespace:        ref.Namespace,
-		K8SPodInfraContainerID: ref.ContainerID,
-	}
-	ctx = metadata.AppendToOutgoingContext(ctx, headerForward, f.auth.Sign(method, req, f.self))
 	ep, ok, err := remote(ctx, rpc.NewCNIBackendClient(conn))
 	switch {
 	case err == nil:
@@ -192,7 +183,8 @@ func (f *Forwarder) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := f.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUnaryInterceptor(f.signCall))
 	if err != nil {
 		return nil, err
 	}

@@ -52,9 +52,7 @@ func (f *Forwarder) FreeMovedIP(ctx context.Context, node, namespace, name strin
 	ctx = context.WithValue(ctx, forwardedKey{}, nil)
 	ref := moveRef(node, namespace, name, addr, eniID)
 	_, _, err := f.route(ctx, call{
-		method: methodMove,
-		node:   node,
-		ref:    ref,
+		node: node,
 		remote: func(ctx context.Context, c rpc.CNIBackendClient) (podip.Endpoint, bool, error) {
 			ctx = metadata.AppendToOutgoingContext(ctx, headerMove, "1")
 			if _, err := sendRelease(ctx, c, ref); err != nil {
@@ -84,9 +82,7 @@ func (r *Router) freeMovedIP(ctx context.Context, node, namespace, name string, 
 		return fmt.Errorf("%w: this replica cannot move fixed IPs", ErrNotOwner)
 	}
 	_, _, err := r.fwd.route(ctx, call{
-		method: methodMove,
-		node:   node,
-		ref:    moveRef(node, namespace, name, addr, eniID),
+		node: node,
 		local: func(ctx context.Context) (podip.Endpoint, bool, error) {
 			return podip.Endpoint{}, true, r.mover.FreeMovedIP(ctx, node, namespace, name, addr, eniID)
 		},

@@ -18,15 +18,16 @@ func TestMove_SignatureBindsMethodAndAddress(t *testing.T) {
 	a.now = func() time.Time { return now }
 	move := &rpc.ReleaseIPRequest{K8SPodName: "db-0", K8SPodNamespace: "ns", K8SPodInfraContainerID: "move:10.0.0.7@eni-a",
 		K8SNodeName: "n1"}
-	h := a.Sign(methodMove, move, "r1")
+	h := mustSign(t, a, methodMove, move, "r1")
 	if from, err := a.Verify(methodMove, move, h); err != nil || from != "r1" {
 		t.Fatalf("verify a move: %q, %v", from, err)
 	}
-	release := a.Sign(methodRelease, move, "r1")
+	release := mustSign(t, a, methodRelease, move, "r1")
 	if _, err := a.Verify(methodMove, move, release); !errors.Is(err, ErrForgedForward) {
 		t.Errorf("a ReleaseIP signature verified as a move: %v", err)
 	}
-	other := &rpc.ReleaseIPRequest{K8SPodName: "db-0", K8SPodNamespace: "ns", K8SPodInfraContainerID: "move:10.0.0.8@eni-a"}
+	other := &rpc.ReleaseIPRequest{K8SPodName: "db-0", K8SPodNamespace: "ns", K8SPodInfraContainerID: "move:10.0.0.8@eni-a",
+		K8SNodeName: "n1"}
 	if _, err := a.Verify(methodMove, other, h); !errors.Is(err, ErrForgedForward) {
 		t.Errorf("a move's signature verified for another address: %v", err)
 	}

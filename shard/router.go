@@ -171,7 +171,7 @@ func (r *Router) Check(ctx context.Context, ref podip.PodRef) (podip.Endpoint, b
 	}
 	if _, forwarded := forwardedFrom(ctx); !forwarded {
 		if rt := r.fwd.routes.RouteOf(node); !rt.Local && rt.GRPC != "" {
-			ep, ok, err := r.fwd.forward(ctx, methodCheck, rt, ref,
+			ep, ok, err := r.fwd.forward(ctx, rt,
 				func(ctx context.Context, c rpc.CNIBackendClient) (podip.Endpoint, bool, error) {
 					reply, err := c.CheckIP(ctx, &rpc.CheckIPRequest{
 						K8SPodName:             ref.Name,
@@ -207,9 +207,7 @@ func (r *Router) route(ctx context.Context, method, node string, ref podip.PodRe
 	remote func(context.Context, rpc.CNIBackendClient) (podip.Endpoint, bool, error),
 ) (podip.Endpoint, bool, error) {
 	return r.fwd.route(ctx, call{
-		method:   method,
 		node:     node,
-		ref:      ref,
 		local:    local,
 		remote:   remote,
 		nodeGone: r.locator.NodeGone,

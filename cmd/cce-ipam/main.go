@@ -459,22 +459,31 @@ func secretGetter(kube kubernetes.Interface) cloud.SecretGetter {
 }
 
 // forwardKey loads the key that authenticates forwarded calls: the forward
-// key file, else the gossip key file; with neither, none.
+// key file. Without one, for deployments from before the separate key (a
+// gossip-key Secret of one's own without a forward key, a hand-run fleet),
+// it falls back to a key derived from the gossip key, with a warning: not
+// the gossip key's bytes themselves (the AES key never doubles as an HMAC
+// key), but whoever holds the gossip key can derive it. With neither, none.
 func forwardKey(o options, log *slog.Logger) ([]byte, error) {
-	keyFile := o.shard.ForwardKeyFile
-	if keyFile == "" {
-		keyFile = o.members.GossipKeyFile
+	if o.shard.ForwardKeyFile != "" {
+		key, err := membership.LoadGossipKey(o.shard.ForwardKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("forward key: %w", err)
+		}
+		return key, nil
 	}
-	if keyFile == "" {
+	if o.members.GossipKeyFile == "" {
 		log.Warn("no forward key (--shard-forward-key-file or --memberlist-gossip-key-file): " +
 			"calls forwarded between replicas are NOT authenticated")
 		return nil, nil
 	}
-	key, err := membership.LoadGossipKey(keyFile)
+	gossip, err := membership.LoadGossipKey(o.members.GossipKeyFile)
 	if err != nil {
-		return nil, fmt.Errorf("forward key: %w", err)
+		return nil, fmt.Errorf("forward key from the gossip key: %w", err)
 	}
-	return key, nil
+	log.Warn("no --shard-forward-key-file: forwarded calls are signed with a key derived from the gossip key; " +
+		"give the forward key its own file (the chart's Secret key forward-key)")
+	return shard.ForwardKeyFromGossipKey(gossip), nil
 }
 
 // newServers builds the CNI gRPC server (behind the router) and the HTTP

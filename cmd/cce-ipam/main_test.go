@@ -2,18 +2,23 @@ package main
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/cce-ipam/sharded/shard"
 )
 
 // client-go shares one HTTP/2 connection among configs with the same TLS
@@ -75,5 +80,48 @@ func TestWarnOnce_LogsEachWarningOnce(t *testing.T) {
 	}
 	if len(w.seen) > warnOnceMax {
 		t.Fatalf("%d warnings remembered, bound is %d", len(w.seen), warnOnceMax)
+	}
+}
+
+// The forward key is its own file; without one it is derived from the gossip
+// key (never the gossip key's bytes), with a warning; with neither, none.
+func TestForwardKey_OwnFileElseDerivedFromGossip(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, key []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(base64.StdEncoding.EncodeToString(key)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	gossip := bytes.Repeat([]byte{1}, 32)
+	forward := bytes.Repeat([]byte{2}, 32)
+	gossipFile, forwardFile := write("gossip", gossip), write("forward", forward)
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+
+	var o options
+	o.members.GossipKeyFile, o.shard.ForwardKeyFile = gossipFile, forwardFile
+	if k, err := forwardKey(o, log); err != nil || !bytes.Equal(k, forward) {
+		t.Fatalf("with a forward key file: %x, %v", k, err)
+	}
+	if logs.Len() != 0 {
+		t.Errorf("a warning with a forward key file: %s", logs.String())
+	}
+	o.shard.ForwardKeyFile = ""
+	k, err := forwardKey(o, log)
+	if err != nil || len(k) != 32 || bytes.Equal(k, gossip) || !bytes.Equal(k, shard.ForwardKeyFromGossipKey(gossip)) {
+		t.Fatalf("from the gossip key: %x, %v", k, err)
+	}
+	if !strings.Contains(logs.String(), "derived from the gossip key") {
+		t.Errorf("no warning for the derived key: %q", logs.String())
+	}
+	o.members.GossipKeyFile = ""
+	if k, err := forwardKey(o, log); err != nil || k != nil {
+		t.Fatalf("with no key at all: %x, %v", k, err)
+	}
+	o.shard.ForwardKeyFile = write("bad", []byte("short"))
+	if _, err := forwardKey(o, log); err == nil {
+		t.Fatal("a malformed forward key file was accepted")
 	}
 }

@@ -1,7 +1,6 @@
 package membership
 
 import (
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -51,6 +50,14 @@ type Config struct {
 	// GossipKeyFile holds the base64 encoding of a 16, 24 or 32 byte AES key
 	// that encrypts all gossip. Empty means unencrypted (logged as a warning).
 	GossipKeyFile string
+	// KeySecret names a Secret of the replicas' namespace that holds the
+	// gossip key and the forward key; the replicas create it when it is
+	// absent (EnsureKeySecret). The program reads it and sets GossipKey.
+	// Exclusive with GossipKeyFile.
+	KeySecret string
+	// GossipKey is the gossip key itself (from KeySecret; not a flag). It
+	// takes the place of GossipKeyFile.
+	GossipKey []byte
 	// ClusterLabel is put on every gossip packet; replicas with another
 	// label ignore each other (a second cluster on the same network).
 	// The flag defaults to "cce-ipam"; empty puts no label on packets.
@@ -97,6 +104,9 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 		"how often to join again every seed and DNS address that is not yet a live member")
 	fs.StringVar(&c.GossipKeyFile, "memberlist-gossip-key-file", "",
 		"file with a base64 16, 24 or 32 byte AES key encrypting gossip (empty: unencrypted, not recommended)")
+	fs.StringVar(&c.KeySecret, "memberlist-key-secret", "",
+		"name of a Secret in --namespace holding the gossip and forward keys (gossip-key, forward-key); the first replica "+
+			"creates it with random keys when absent, the others read it (exclusive with the key file flags)")
 	fs.StringVar(&c.ClusterLabel, "memberlist-cluster-label", "cce-ipam",
 		"label on every gossip packet; replicas with a different label ignore each other")
 	fs.DurationVar(&c.LeaveTimeout, "memberlist-leave-timeout", 5*time.Second,
@@ -145,6 +155,9 @@ func (c Config) Validate() error {
 	}
 	if c.BindPort < 0 || c.BindPort > 65535 || c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
 		errs = append(errs, errors.New("ports must be within 0..65535"))
+	}
+	if c.KeySecret != "" && c.GossipKeyFile != "" {
+		errs = append(errs, errors.New("give the gossip key by a Secret or by a file, not both"))
 	}
 	for _, s := range c.JoinSeeds {
 		if _, _, err := splitHostPort(s, 0); err != nil {
@@ -206,31 +219,15 @@ func splitHostPort(s string, defPort int) (string, int, error) {
 // hold a base64 AES key of 16, 24 or 32 bytes.
 var ErrBadGossipKey = errors.New("malformed gossip key")
 
-// LoadGossipKey reads a gossip key file: the base64 (standard or URL
-// alphabet, padded or not) of a 16, 24 or 32 byte key, surrounding
-// whitespace ignored.
+// LoadGossipKey reads a gossip key file (ParseGossipKey's format).
 func LoadGossipKey(path string) ([]byte, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read gossip key file: %w", err)
 	}
-	text := strings.TrimSpace(string(raw))
-	if text == "" {
-		return nil, fmt.Errorf("gossip key file %s: %w: the file is empty", path, ErrBadGossipKey)
-	}
-	var key []byte
-	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
-		if key, err = enc.DecodeString(text); err == nil {
-			break
-		}
-	}
+	key, err := ParseGossipKey(raw)
 	if err != nil {
-		return nil, fmt.Errorf("gossip key file %s: %w: not base64: %w", path, ErrBadGossipKey, err)
+		return nil, fmt.Errorf("gossip key file %s: %w", path, err)
 	}
-	switch len(key) {
-	case 16, 24, 32:
-		return key, nil
-	}
-	return nil, fmt.Errorf("gossip key file %s: %w: the key is %d bytes, want 16, 24 or 32 (AES-128/192/256)", path, ErrBadGossipKey,
-		len(key))
+	return key, nil
 }

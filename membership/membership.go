@@ -66,8 +66,8 @@ func New(cfg Config, startTime time.Time, log *slog.Logger, reg prometheus.Regis
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	var key []byte
-	if cfg.GossipKeyFile != "" {
+	key := cfg.GossipKey
+	if key == nil && cfg.GossipKeyFile != "" {
 		k, err := LoadGossipKey(cfg.GossipKeyFile)
 		if err != nil {
 			return nil, err

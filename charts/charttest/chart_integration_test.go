@@ -88,8 +88,14 @@ func TestChart_LintAndTemplate(t *testing.T) {
 				}
 			}
 			for vol, existing := range map[string]string{"bce-credentials": tc.existingBCE, "gossip-key": tc.existingGosp} {
-				name := vols[vol]
+				name, mounted := vols[vol]
 				switch {
+				case vol == "gossip-key" && existing == "":
+					// The replicas keep the keys in a Secret they create.
+					if mounted || !slices.Contains(container(t, d).Args, "--memberlist-key-secret=rel-cce-ipam-keys") {
+						t.Errorf("without an existing gossip key Secret: volume %q mounted, args %q; want no volume and --memberlist-key-secret",
+							name, container(t, d).Args)
+					}
 				case existing != "" && (name != existing || secrets[name]):
 					t.Errorf("volume %s mounts Secret %q (rendered: %v), want the existing %q and no rendered Secret", vol, name, secrets[name], existing)
 				case existing == "" && !secrets[name]:
@@ -97,6 +103,30 @@ func TestChart_LintAndTemplate(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// GitOps renders with `helm template`, where lookup finds nothing: the
+// render holds no random value, so two renders are the same bytes (no key is
+// regenerated, no Secret changes under Argo CD's feet), with the chart's own
+// BCE Secret and with an existing key Secret alike.
+func TestChart_TemplateIsStable(t *testing.T) {
+	for name, args := range map[string][]string{
+		"defaults":    {"--set", "cluster.id=cce-x,cluster.vpcID=vpc-x,bce.region=bj"},
+		"credentials": {"--set", "cluster.id=cce-x,cluster.vpcID=vpc-x,bce.region=bj,bce.credentials.accessKeyID=ak,bce.credentials.secretAccessKey=sk"},
+		"ci":          {"-f", ciValues},
+	} {
+		first, err := helm(t, append([]string{"template", "rel", chartDir, "--namespace", "kube-system"}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		second, err := helm(t, append([]string{"template", "rel", chartDir, "--namespace", "kube-system"}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first != second {
+			t.Errorf("%s: two renders differ", name)
+		}
 	}
 }
 
@@ -431,9 +461,9 @@ func installServiceMonitorCRD(t *testing.T, ctx context.Context) {
 	})
 }
 
-// helm install into the control plane works, the generated gossip key is a
-// valid 32-byte AES key, and helm upgrade keeps it (lookup).
-func TestChart_HelmInstallKeepsGossipKey(t *testing.T) {
+// helm install into the control plane works and helm upgrade rolls it; the
+// chart renders no key Secret (the replicas create it: the fleet test).
+func TestChart_HelmInstallAndUpgrade(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ns := cp.Namespace(t)
@@ -458,20 +488,14 @@ func TestChart_HelmInstallKeepsGossipKey(t *testing.T) {
 		}
 	})
 	kube := kubernetes.NewForConfigOrDie(cp.Config)
-	key := func() []byte {
-		s, err := kube.CoreV1().Secrets(ns).Get(ctx, release+"-cce-ipam-gossip", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.Data["gossip-key"]
-	}
-	first := key()
-	keyFile := filepath.Join(t.TempDir(), "gossip-key")
-	if err := os.WriteFile(keyFile, first, 0o600); err != nil {
+	if secrets, err := kube.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
-	}
-	if k, err := membership.LoadGossipKey(keyFile); err != nil || len(k) != 32 {
-		t.Fatalf("generated gossip key: %d bytes, %v; want a 32-byte key", len(k), err)
+	} else {
+		for _, s := range secrets.Items {
+			if s.Data[membership.KeySecretGossip] != nil || s.Data[membership.KeySecretForward] != nil {
+				t.Errorf("helm install created the key Secret %s; the replicas create it", s.Name)
+			}
+		}
 	}
 	if _, err := helm(t, append([]string{"upgrade", release, chartDir, "--set", "replicaCount=4"}, common...)...); err != nil {
 		t.Fatal(err)
@@ -479,9 +503,6 @@ func TestChart_HelmInstallKeepsGossipKey(t *testing.T) {
 	d, err := kube.AppsV1().Deployments(ns).Get(ctx, release+"-cce-ipam", metav1.GetOptions{})
 	if err != nil || *d.Spec.Replicas != 4 {
 		t.Fatalf("after upgrade: %v, %v; want 4 replicas", d, err)
-	}
-	if second := key(); string(second) != string(first) {
-		t.Fatal("helm upgrade replaced the gossip key; replicas with different keys cannot gossip")
 	}
 	if d.Spec.Template.Spec.Containers[0].Lifecycle == nil || d.Spec.Template.Spec.Containers[0].Lifecycle.PreStop == nil ||
 		d.Spec.Template.Spec.Containers[0].Lifecycle.PreStop.Sleep == nil {
@@ -499,8 +520,9 @@ func TestChart_RBACMatchesDocumentedList(t *testing.T) {
 	objs := render(t, "rel", "kube-system")
 	granted := map[rbacRow]bool{}
 	// The only objects a rule may name: the webhooks' configurations and
-	// certificate Secret (the README says which rules are limited to them).
-	named := map[string]bool{"rel-cce-ipam": true, "rel-cce-ipam-webhook-certs": true}
+	// certificate Secret, the key Secret (the README says which rules are
+	// limited to them).
+	named := map[string]bool{"rel-cce-ipam": true, "rel-cce-ipam-webhook-certs": true, "rel-cce-ipam-keys": true}
 	add := func(scope string, rules []rbacv1.PolicyRule) {
 		for _, r := range rules {
 			if len(r.NonResourceURLs) > 0 {

@@ -10,8 +10,10 @@
 //   - TestChart_SchemaRejectsBadValues: values.schema.json refuses bad values.
 //   - TestChart_ServerDryRunAccepted: the API server accepts every rendered
 //     object (server-side apply, dry run), CRDs and ServiceMonitor included.
-//   - TestChart_HelmInstallKeepsGossipKey: helm install and upgrade into the
-//     control plane; the generated gossip key is valid and survives upgrades.
+//   - TestChart_TemplateIsStable: two helm template renders are the same bytes
+//     (no generated key: the replicas create the key Secret).
+//   - TestChart_HelmInstallAndUpgrade: helm install and upgrade into the
+//     control plane; no key Secret is installed.
 //   - TestChart_RBACMatchesDocumentedList: the rendered rules equal the list
 //     in the chart README.
 //   - TestChart_FleetUnderPrometheus: three cce-ipam processes run with

@@ -43,6 +43,7 @@ import (
 	"github.com/cce-ipam/sharded/e2e/supervisor"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
+	"github.com/cce-ipam/sharded/membership"
 )
 
 const (
@@ -168,6 +169,38 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 			}
 			return nil
 		})
+	})
+	t.Run("the replicas created one key Secret and gossip under it", func(t *testing.T) {
+		// Started together, as the chart's ServiceAccount: the first create
+		// won, the others read it, and so all join one encrypted ring.
+		s, err := kube.CoreV1().Secrets(ns).Get(ctx, fleetRelease+"-cce-ipam-keys", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := membership.ParseGossipKey(s.Data[membership.KeySecretGossip]); err != nil {
+			t.Errorf("gossip key: %v", err)
+		}
+		if _, err := membership.ParseGossipKey(s.Data[membership.KeySecretForward]); err != nil {
+			t.Errorf("forward key: %v", err)
+		}
+		ringCtx, ringCancel := context.WithTimeout(ctx, 30*time.Second)
+		defer ringCancel()
+		for _, r := range replicas {
+			if !strings.Contains(logText(r.proc), `"encrypted":true`) {
+				t.Errorf("%s does not log encrypted gossip", r.proc.Name())
+			}
+			want := fmt.Sprintf("cce_ipam_membership_members %d", fleetReplicas)
+			eventually(t, ringCtx, 250*time.Millisecond, r.proc.Name()+" sees every replica in its gossip ring", func() error {
+				body, err := httpGet("http://" + r.metricsAddr + "/metrics")
+				if err != nil {
+					return err
+				}
+				if !strings.Contains(body, want+"\n") {
+					return fmt.Errorf("no %q in /metrics", want)
+				}
+				return nil
+			})
+		}
 	})
 	cs := cceclient.NewForConfigOrDie(cp.Config)
 	var grpcAddrs []string

@@ -80,6 +80,8 @@ type options struct {
 	leader        membership.LeaderConfig
 	shard         shard.Config
 	webhook       webhook.Config
+	// forwardKey is the forward key read from --memberlist-key-secret.
+	forwardKey []byte
 }
 
 func (o *options) registerFlags(fs *pflag.FlagSet) {
@@ -129,7 +131,15 @@ func (o options) Validate() error {
 		o.leader.Validate(),
 		o.shard.Validate(),
 		o.webhook.Validate(),
+		o.keysValidate(),
 	)
+}
+
+func (o options) keysValidate() error {
+	if o.members.KeySecret != "" && o.shard.ForwardKeyFile != "" {
+		return errors.New("give the forward key by --memberlist-key-secret or --shard-forward-key-file, not both")
+	}
+	return nil
 }
 
 func main() {
@@ -296,6 +306,15 @@ func newReplica(o options, log *slog.Logger) (_ *replica, err error) {
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg, currentBuild())
+	if o.members.KeySecret != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		keys, err := membership.EnsureKeySecret(ctx, clients.kube.CoreV1().Secrets(o.shard.Namespace), o.members.KeySecret)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		o.members.GossipKey, o.forwardKey = keys.Gossip, keys.Forward
+	}
 	if r.members, err = membership.New(o.members, start, log.With("component", "membership"), reg); err != nil {
 		return nil, err
 	}
@@ -465,6 +484,9 @@ func secretGetter(kube kubernetes.Interface) cloud.SecretGetter {
 // the gossip key's bytes themselves (the AES key never doubles as an HMAC
 // key), but whoever holds the gossip key can derive it. With neither, none.
 func forwardKey(o options, log *slog.Logger) ([]byte, error) {
+	if o.forwardKey != nil {
+		return o.forwardKey, nil // from --memberlist-key-secret
+	}
 	if o.shard.ForwardKeyFile != "" {
 		key, err := membership.LoadGossipKey(o.shard.ForwardKeyFile)
 		if err != nil {

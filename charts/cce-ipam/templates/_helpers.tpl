@@ -50,17 +50,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (printf "%s-bce" (include "cce-ipam.fullname" .)) .Values.bce.credentials.existingSecret }}
 {{- end }}
 
-{{- define "cce-ipam.gossipSecretName" -}}
-{{- default (printf "%s-gossip" (include "cce-ipam.fullname" .)) .Values.memberlist.gossipKey.existingSecret }}
-{{- end }}
-
-{{/* The key of the gossip key in its Secret: the chart's own Secret always uses gossip-key. */}}
-{{- define "cce-ipam.gossipSecretKey" -}}
-{{- if .Values.memberlist.gossipKey.existingSecret }}
-{{- .Values.memberlist.gossipKey.secretKey }}
-{{- else }}
-{{- "gossip-key" }}
-{{- end }}
+{{/* The Secret of the gossip and forward keys that the replicas create themselves (none is rendered:
+     `helm template` renders no random value). Unused with memberlist.gossipKey.existingSecret. */}}
+{{- define "cce-ipam.keySecretName" -}}
+{{- printf "%s-keys" (include "cce-ipam.fullname" .) }}
 {{- end }}
 
 {{- define "cce-ipam.image" -}}

@@ -14,6 +14,8 @@
 //     (no generated key: the replicas create the key Secret).
 //   - TestChart_HelmInstallAndUpgrade: helm install and upgrade into the
 //     control plane; no key Secret is installed.
+//   - TestChart_LeaseNamesRestricted: as the chart's ServiceAccount, the
+//     lease-name policy refuses writes of Leases outside cce-ipam-*.
 //   - TestChart_RBACMatchesDocumentedList: the rendered rules equal the list
 //     in the chart README.
 //   - TestChart_FleetUnderPrometheus: three cce-ipam processes run with

@@ -106,6 +106,26 @@ func TestChart_LintAndTemplate(t *testing.T) {
 	}
 }
 
+// grpc.bindPodIP binds the CNI endpoint to the pod IP (status.podIP; with
+// hostNetwork the node's IP) instead of every interface; the default is
+// unchanged. The fleet test runs a replica with it.
+func TestChart_GRPCBindPodIP(t *testing.T) {
+	for bind, want := range map[bool]string{false: "--grpc-listen=:9997", true: "--grpc-listen=$(POD_IP):9997"} {
+		c := container(t, deployment(t, render(t, "rel", "kube-system", "--set", fmt.Sprintf("grpc.bindPodIP=%v", bind))))
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("grpc.bindPodIP=%v: args %q lack %q", bind, c.Args, want)
+		}
+		podIP := false
+		for _, e := range c.Env {
+			podIP = podIP || (e.Name == "POD_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil &&
+				e.ValueFrom.FieldRef.FieldPath == "status.podIP")
+		}
+		if !podIP {
+			t.Errorf("grpc.bindPodIP=%v: no POD_IP from status.podIP", bind)
+		}
+	}
+}
+
 // GitOps renders with `helm template`, where lookup finds nothing: the
 // render holds no random value, so two renders are the same bytes (no key is
 // regenerated, no Secret changes under Argo CD's feet), with the chart's own

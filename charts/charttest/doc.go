@@ -10,6 +10,8 @@
 //   - TestChart_SchemaRejectsBadValues: values.schema.json refuses bad values.
 //   - TestChart_ServerDryRunAccepted: the API server accepts every rendered
 //     object (server-side apply, dry run), CRDs and ServiceMonitor included.
+//   - TestChart_GRPCBindPodIP: grpc.bindPodIP binds the CNI endpoint to
+//     $(POD_IP) only.
 //   - TestChart_TemplateIsStable: two helm template renders are the same bytes
 //     (no generated key: the replicas create the key Secret).
 //   - TestChart_HelmInstallAndUpgrade: helm install and upgrade into the

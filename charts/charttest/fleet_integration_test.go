@@ -104,10 +104,11 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 			"bce": map[string]any{"region": "bj", "endpoint": simURL, "rate": 60, "burst": 30,
 				"credentials": map[string]any{"accessKeyID": fleetAK, "secretAccessKey": fleetSK}},
 			"listenAddress": "127.0.0.1",
-			"grpc":          map[string]any{"port": ports[4*i]},
-			"metrics":       map[string]any{"port": ports[4*i+1]},
-			"memberlist":    map[string]any{"port": ports[4*i+2]},
-			"webhook":       map[string]any{"port": ports[4*i+3]},
+			// One replica binds the CNI endpoint to its pod IP only (grpc.bindPodIP).
+			"grpc":       map[string]any{"port": ports[4*i], "bindPodIP": i == 1},
+			"metrics":    map[string]any{"port": ports[4*i+1]},
+			"memberlist": map[string]any{"port": ports[4*i+2]},
+			"webhook":    map[string]any{"port": ports[4*i+3]},
 			// Short periods, so that a short test sees ENI syncs and GC passes.
 			"ipam": map[string]any{"eniSyncPeriod": "3s", "gcPeriod": "2s"},
 		}))

@@ -47,6 +47,14 @@ func forwardedFrom(ctx context.Context) (string, bool) {
 	return from, ok
 }
 
+// Forwarded tells a call that another replica forwarded here, verified by
+// the Router's UnaryInterceptor, from one a CNI plugin made: the test
+// cni.WithForwarded takes, so that the CNI metrics count each call once.
+func Forwarded(ctx context.Context) bool {
+	_, ok := forwardedFrom(ctx)
+	return ok
+}
+
 // Authenticator signs and verifies forwarded calls.
 type Authenticator struct {
 	key []byte

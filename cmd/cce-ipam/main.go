@@ -512,7 +512,8 @@ func forwardKey(o options, log *slog.Logger) ([]byte, error) {
 // server of /metrics, the probes and /shard/.
 func (r *replica) newServers(o options, leaderName *atomic.Value, reg *prometheus.Registry) {
 	r.grpc = grpc.NewServer(grpc.UnaryInterceptor(r.router.UnaryInterceptor))
-	rpc.RegisterCNIBackendServer(r.grpc, cni.NewServer(o.cni, r.router, r.log.With("component", "cni"), reg))
+	rpc.RegisterCNIBackendServer(r.grpc, cni.NewServer(o.cni, r.router, r.log.With("component", "cni"), reg,
+		cni.WithForwarded(shard.Forwarded)))
 	r.health = health.NewServer()
 	for _, svc := range healthServices {
 		r.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING) // until runHealth finds it ready

@@ -24,6 +24,13 @@
 //		err = cni.RefusalError(md, reply.ErrMsg) // errors.Is(err, podip.ErrNotHere)?
 //	}
 //
+// A replica that forwards a call to the node's owner (package shard) calls
+// the owner's CNIBackend, so a forwarded call passes two Servers. The
+// request metrics tell the two hops apart by a hop label, entry or
+// forwarded, given a test of forwarded calls:
+//
+//	cni.NewServer(cfg, router, logger, reg, cni.WithForwarded(shard.Forwarded))
+//
 // IP types: BCC is served, and so are unknown values (older plugins send 0 or
 // garbage), as the reference does. An ADD of another IPAM's type (BBC,
 // cross-VPC ENI, RoCE, ERI) fails with ErrUnsupportedIPType naming it; a DEL

@@ -66,19 +66,34 @@ type Server struct {
 	metrics  *metrics
 	allocate chan struct{} // semaphore of in-flight allocations
 	release  chan struct{} // semaphore of in-flight releases and checks
+	// forwarded tells a call another replica forwarded here (WithForwarded).
+	forwarded func(context.Context) bool
+}
+
+// Option is an optional knob of NewServer.
+type Option func(*Server)
+
+// WithForwarded gives the server the test of a forwarded call: one that
+// another replica received from a CNI plugin and forwarded to this one (in
+// cmd/cce-ipam, shard.Forwarded, which the router's interceptor makes true
+// for a verified forward). Its metrics then carry hop="forwarded", so that
+// hop="entry" counts each CNI call once however many replicas it passes.
+// Without it every call is an entry.
+func WithForwarded(forwarded func(context.Context) bool) Option {
+	return func(s *Server) { s.forwarded = forwarded }
 }
 
 // NewServer builds the service. A nil registerer disables metrics. The
 // config must pass Validate (start from DefaultConfig); NewServer panics on
 // one that does not, as a server that refused every call would.
-func NewServer(cfg Config, backend podip.Backend, log *slog.Logger, reg prometheus.Registerer) *Server {
+func NewServer(cfg Config, backend podip.Backend, log *slog.Logger, reg prometheus.Registerer, opts ...Option) *Server {
 	if err := cfg.Validate(); err != nil {
 		panic(fmt.Sprintf("cni.NewServer: %v", err))
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{
+	s := &Server{
 		cfg:      cfg,
 		backend:  backend,
 		log:      log,
@@ -86,6 +101,10 @@ func NewServer(cfg Config, backend podip.Backend, log *slog.Logger, reg promethe
 		allocate: make(chan struct{}, cfg.AllocateConcurrency),
 		release:  make(chan struct{}, cfg.ReleaseConcurrency),
 	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // AllocateIP implements rpc.CNIBackendServer.
@@ -153,12 +172,13 @@ type call func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, bool, err
 func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, req podRequest, refusal error,
 	fn call) (podip.Endpoint, bool, error) {
 	start := time.Now()
+	hop := s.hop(ctx)
 	pod, err := decode(req)
 	if err == nil {
 		err = refusal
 	}
 	if err != nil {
-		s.metrics.observe(method, resultInvalid, start)
+		s.metrics.observe(method, resultInvalid, hop, start)
 		s.log.Warn("rejected CNI request", "method", method, "err", err)
 		return podip.Endpoint{}, false, err
 	}
@@ -166,22 +186,23 @@ func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, 
 	case slots <- struct{}{}:
 		defer func() { <-slots }()
 	default:
-		s.metrics.observe(method, resultBusy, start)
+		s.metrics.observe(method, resultBusy, hop, start)
 		return podip.Endpoint{}, false, fmt.Errorf("%s: %d %s calls in flight", BusyMessage, cap(slots), method)
 	}
-	s.metrics.inflight.WithLabelValues(method).Inc()
-	defer s.metrics.inflight.WithLabelValues(method).Dec()
+	inflight := s.metrics.inflight.WithLabelValues(method, hop)
+	inflight.Inc()
+	defer inflight.Dec()
 
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	ep, ok, err := fn(ctx, pod)
 	if err != nil {
 		setRefusalTrailer(ctx, err)
-		s.metrics.observe(method, resultError, start)
+		s.metrics.observe(method, resultError, hop, start)
 		s.log.Warn("CNI call failed", "method", method, "pod", pod.String(), "err", err, "duration", time.Since(start))
 		return podip.Endpoint{}, false, fmt.Errorf("%s %s: %w", method, pod, err)
 	}
-	s.metrics.observe(method, resultOK, start)
+	s.metrics.observe(method, resultOK, hop, start)
 	s.log.Debug("CNI call served", "method", method, "pod", pod.String(), "ip", ep.IP, "duration", time.Since(start))
 	return ep, ok, nil
 }

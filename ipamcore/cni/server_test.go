@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -362,5 +363,27 @@ func newMetricsForRead(t *testing.T, reg *prometheus.Registry) func(method, resu
 			}
 		}
 		return 0
+	}
+}
+
+type forwardedMark struct{}
+
+// WithForwarded splits the metrics by hop: a call its test calls forwarded
+// is not counted as an entry, so hop="entry" counts each CNI call once.
+func TestServer_Metrics_HopLabel(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := NewServer(DefaultConfig(), &recordingBackend{}, nil, reg, WithForwarded(func(ctx context.Context) bool {
+		return ctx.Value(forwardedMark{}) != nil
+	}))
+	fwd := context.WithValue(context.Background(), forwardedMark{}, true)
+	for _, ctx := range []context.Context{context.Background(), fwd, fwd} {
+		if reply, err := s.AllocateIP(ctx, allocReq("default", "web-0", "abc")); err != nil || !reply.IsSuccess {
+			t.Fatalf("AllocateIP: %v, %v", reply, err)
+		}
+	}
+	for hop, want := range map[string]float64{HopEntry: 1, HopForwarded: 2} {
+		if got := testutil.ToFloat64(s.metrics.requests.WithLabelValues(methodAllocate, resultOK, hop)); got != want {
+			t.Errorf("cce_ipam_cni_requests_total{hop=%q} = %v, want %v", hop, got, want)
+		}
 	}
 }

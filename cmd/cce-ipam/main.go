@@ -300,6 +300,11 @@ func newReplica(o options, log *slog.Logger) (_ *replica, err error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
+	kubeAPI, hooked := processKubeAPIMetrics()
+	reg.MustRegister(kubeAPI.collectors()...)
+	if !hooked {
+		log.Warn("client-go's metrics hooks were set elsewhere in the process; cce_ipam_kube_api_* stay empty")
+	}
 	clients, err := newKubeClients(o, log, newThrottleCounter(reg))
 	if err != nil {
 		return nil, err

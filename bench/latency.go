@@ -168,25 +168,26 @@ func (e *env) runLatency(ctx context.Context, nodes []string) (*latencyResult, e
 	if err := e.atLeastReplicas(ctx, 3); err != nil {
 		return nil, err
 	}
-	fwd0 := e.sumMetric(ctx, "cce_ipam_shard_forwarded_requests_total")
-	calls0 := e.sumMetric(ctx, "cce_ipam_cni_requests_total")
+	fwd0 := e.sumMetric(ctx, "cce_ipam_shard_forwarded_requests_total", nil)
+	// hop "entry" counts a forwarded call once, where it entered.
+	entry := map[string]string{"hop": "entry"}
+	calls0 := e.sumMetric(ctx, "cce_ipam_cni_requests_total", entry)
 	if err := measure(res.floor3, res.ours3, e.randomTarget()); err != nil {
 		return nil, err
 	}
-	fwd := e.sumMetric(ctx, "cce_ipam_shard_forwarded_requests_total") - fwd0
-	// Every forwarded call is counted at both replicas.
-	calls := e.sumMetric(ctx, "cce_ipam_cni_requests_total") - calls0 - fwd
+	fwd := e.sumMetric(ctx, "cce_ipam_shard_forwarded_requests_total", nil) - fwd0
+	calls := e.sumMetric(ctx, "cce_ipam_cni_requests_total", entry) - calls0
 	if calls > 0 {
 		res.forwardedShare = fwd / calls
 	}
 	return res, nil
 }
 
-// sumMetric sums a metric over the running replicas.
-func (e *env) sumMetric(ctx context.Context, name string) float64 {
+// sumMetric sums a metric's series with labels over the running replicas.
+func (e *env) sumMetric(ctx context.Context, name string, labels map[string]string) float64 {
 	var sum float64
 	for _, r := range e.running() {
-		v, _ := r.Metric(ctx, name, nil)
+		v, _ := r.Metric(ctx, name, labels)
 		sum += v
 	}
 	return sum

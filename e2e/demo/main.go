@@ -353,7 +353,8 @@ func (v *liveView) replicaTable(ctx context.Context, b *strings.Builder, dt floa
 			cur.member, _ = ss.Sum("cce_ipam_shard_members", nil)
 			cur.allocs, _ = ss.Sum("cce_ipam_allocations_total", map[string]string{"result": "ok"})
 			cur.fwd, _ = ss.Sum("cce_ipam_shard_forwarded_requests_total", nil)
-			for le, x := range ss.Buckets("cce_ipam_cni_request_duration_seconds", map[string]string{"method": "AllocateIP"}) {
+			entry := map[string]string{"method": "AllocateIP", "hop": "entry"} // as the CNI plugin waited
+			for le, x := range ss.Buckets("cce_ipam_cni_request_duration_seconds", entry) {
 				buckets[le] += x
 			}
 		}

@@ -90,7 +90,7 @@ scrape_configs:
 	}
 	// Every bucket of ours has its reference twin.
 	for _, pair := range [][2]string{
-		{`count(cni_rpc_latency_bucket)`, `count(cce_ipam_cni_request_duration_seconds_bucket{result=~"ok|error"})`},
+		{`count(cni_rpc_latency_bucket)`, `count(cce_ipam_cni_request_duration_seconds_bucket{hop="entry",result=~"ok|error"})`},
 		{`count(bce_openapi_latency_bucket)`, `count(cce_ipam_cloud_api_duration_seconds_bucket)`},
 	} {
 		err := waitFor(ctx, 30*time.Second, func() error {

@@ -17,14 +17,15 @@ var env *suite.Env
 
 func TestMain(m *testing.M) { os.Exit(suite.Main(m, &env, false)) }
 
-// forwarded sums a replica's forwarded CNI calls and its own CNI requests.
+// cniCounts sums the CNI calls a replica received from CNI plugins (hop
+// entry) and those it forwarded to the node's owner.
 func cniCounts(ctx context.Context, t *testing.T, r *fleet.Replica) (requests, forwarded float64) {
 	t.Helper()
 	ss, err := r.Metrics(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	requests, _ = ss.Sum("cce_ipam_cni_requests_total", nil)
+	requests, _ = ss.Sum("cce_ipam_cni_requests_total", map[string]string{"hop": "entry"})
 	forwarded, _ = ss.Sum("cce_ipam_shard_forwarded_requests_total", map[string]string{"result": "ok"})
 	return requests, forwarded
 }

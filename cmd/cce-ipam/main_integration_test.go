@@ -216,7 +216,8 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 	}
 
 	metrics := httpGet(t, "http://"+metricsAddr+"/metrics")
-	for _, want := range []string{`cce_ipam_cni_requests_total{method="AllocateIP",result="ok"}`, "cce_ipam_allocations_total"} {
+	for _, want := range []string{`cce_ipam_cni_requests_total{hop="entry",method="AllocateIP",result="ok"}`, "cce_ipam_allocations_total",
+		`cce_ipam_kube_api_requests_total{code="201",verb="POST"}`} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

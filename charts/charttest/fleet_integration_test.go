@@ -263,7 +263,7 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 		for _, q := range []string{`sum by (outcome) (cce_ipam_shard_owner_waits_total)`,
 			`sum by (reason) (cce_ipam_shard_handovers_total)`,
 			`sum by (result) (cce_ipam_shard_forwarded_requests_total)`, `sum by (operation) (cce_ipam_cloud_api_throttled_total)`,
-			`sum by (kind) (cce_ipam_gc_actions_total)`, `sum by (method) (cce_ipam_cni_requests_total)`} {
+			`sum by (kind) (cce_ipam_gc_actions_total)`, `sum by (method, hop) (cce_ipam_cni_requests_total)`} {
 			t.Logf("%s = %s", q, promRaw(ctx, promURL, q))
 		}
 		// Three replicas, scraped, and each answering for its own shard.

@@ -117,24 +117,11 @@ func (e *env) runNoisy(ctx context.Context, nodes []string, phaseArgs []string) 
 		wg.Wait()
 		return ph, float64(fl.ok.Load()) / time.Since(start).Seconds(), fl.rejected.Load(), fl.errs.Load(), fl.lastErr(), err
 	}
-	// afterFlood records a flood condition that failed and waits until the
-	// replica serves every node again, so that the next condition starts
-	// from the same state.
-	afterFlood := func(failed *string, err error) error {
-		if err == nil || ctx.Err() != nil {
-			return err
-		}
-		*failed = err.Error()
-		if _, serr := e.settle(ctx, len(e.f.Nodes()), 3*time.Minute); serr != nil {
-			return fmt.Errorf("after the flood (%v): %w", err, serr)
-		}
-		return nil
-	}
 	if res.quiet, err = adds(ctx); err != nil {
 		return res, fmt.Errorf("quiet: %w", err)
 	}
 	res.flood, res.lists, res.rejected, res.floodErrs, res.lastFloodErr, err = withFlood()
-	if err = afterFlood(&res.floodFailed, err); err != nil {
+	if err = e.afterFlood(ctx, &res.floodFailed, err); err != nil {
 		return res, fmt.Errorf("flood: %w", err)
 	}
 	remove, err := e.applyFlowControl(ctx, res)
@@ -148,10 +135,24 @@ func (e *env) runNoisy(ctx context.Context, nodes []string, phaseArgs []string) 
 		return res, fmt.Errorf("quiet, flow control: %w", err)
 	}
 	res.floodFC, res.listsFC, res.rejectedFC, res.floodErrsFC, res.lastErrsFC, err = withFlood()
-	if err = afterFlood(&res.floodFailedFC, err); err != nil {
+	if err = e.afterFlood(ctx, &res.floodFailedFC, err); err != nil {
 		return res, fmt.Errorf("flood, flow control: %w", err)
 	}
 	return res, nil
+}
+
+// afterFlood records a flood condition that failed (err) in failed and
+// waits until the replica serves every node again, so that the next
+// condition starts from the same state.
+func (e *env) afterFlood(ctx context.Context, failed *string, err error) error {
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	*failed = err.Error()
+	if _, serr := e.settle(ctx, len(e.f.Nodes()), 3*time.Minute); serr != nil {
+		return fmt.Errorf("after the flood (%w): %w", err, serr)
+	}
+	return nil
 }
 
 // runAsChartServiceAccount restarts the one replica as the chart's

@@ -24,8 +24,10 @@
 //     exactly the args and env of the rendered Deployment, as the chart's
 //     ServiceAccount; the kubelet simulator allocates through them while a
 //     real Prometheus scrapes them; every dashboard query must return data,
-//     promtool must find nothing to complain about in /metrics, and no
-//     replica may log "forbidden".
+//     promtool must find nothing to complain about in /metrics, no
+//     replica may log "forbidden", and every verb the RBAC grants must show
+//     up in the API server's audit log of the run (or be named, with its
+//     code, in notExercised).
 //
 // Run them with
 //

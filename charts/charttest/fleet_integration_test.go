@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -299,6 +301,121 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 			}
 		}
 	})
+	t.Run("the RBAC grants exactly the verbs the replicas used", func(t *testing.T) {
+		// Graceful stops first: the leave (hand-over, Lease release) is part
+		// of what the replicas do.
+		for _, r := range replicas {
+			if err := r.proc.Stop(30 * time.Second); err != nil {
+				t.Errorf("%s: %v", r.proc.Name(), err)
+			}
+		}
+		checkRBACUsed(t, renders[0], "system:serviceaccount:"+ns+":"+fleetRelease+"-cce-ipam")
+	})
+}
+
+// notExercised are the permissions the chart grants that a fleet run may not
+// use, each with the code that needs it (the chart README's RBAC table names
+// the same): the fleet has no PSTS objects, no exclusive subnets, no
+// StatefulSet and no certificate renewal. Every other granted permission
+// must show up in the audit log.
+var notExercised = map[string]string{
+	"admissionregistration.k8s.io mutatingwebhookconfigurations list":   informerList,
+	"admissionregistration.k8s.io validatingwebhookconfigurations list": informerList,
+	"apps statefulsets list":                             informerList,
+	"cce.io podsubnettopologyspreads list":               informerList,
+	"cce.io podsubnettopologyspreadtables list":          informerList,
+	"cce.io subnets list":                                informerList,
+	"cce.io ipclaims list":                               informerList,
+	"coordination.k8s.io leases list":                    informerList,
+	"core nodes list":                                    informerList,
+	"core secrets list":                                  informerList,
+	"apps statefulsets get":                              "ipam/gc.go: fixed-IP GC reads a StatefulSet missing from the cache",
+	"cce.io ipclaims create":                             ipclaimLedger,
+	"cce.io ipclaims get":                                ipclaimLedger,
+	"cce.io ipclaims update":                             ipclaimLedger,
+	"cce.io ipclaims delete":                             ipclaimLedger,
+	"cce.io podsubnettopologyspreads get":                "ipam/psts.go: a PSTS missing from the cache (no PSTS in the fleet)",
+	"cce.io podsubnettopologyspreads create":             "spread/table.go: the PSTT controller keeps a table's PSTS objects",
+	"cce.io podsubnettopologyspreads update":             "spread/table.go: the PSTT controller keeps a table's PSTS objects",
+	"cce.io podsubnettopologyspreads delete":             "spread/table.go: the PSTT controller keeps a table's PSTS objects",
+	"cce.io podsubnettopologyspreads/status update":      "spread: the PSTS status (no PSTS in the fleet)",
+	"cce.io podsubnettopologyspreadtables/status update": "spread/table.go: the PSTT status (no PSTT in the fleet)",
+	"cce.io workloadendpoints patch":                     "ipam/fencing.go stampKnownWEP: a fixed-IP wep kept on release (no StatefulSet in the fleet)",
+	"core events create": "the event recorder (CreateNewENI, AllocateIPFailed, GC events), asynchronous: " +
+		"a short run may stop before one is sent",
+	"core events patch":   "client-go's event recorder: a repeated event's count",
+	"core secrets update": "webhook certificate renewal; completing a key Secret without forward-key",
+}
+
+const (
+	informerList  = "informer's initial list: this client-go lists through a streaming watch, and lists where the API server cannot stream"
+	ipclaimLedger = "ipclaim: the exclusive-subnet address ledger (no PSTS Fixed, Manual or Custom in the fleet)"
+)
+
+// checkRBACUsed compares the requests the API server recorded for user (its
+// audit log) with the rendered ClusterRole and Role: every request was
+// authorized (an admission refusal, such as the fence probes' by design, is
+// not an RBAC matter), every granted (group, resource, verb) was used or is
+// in notExercised.
+func checkRBACUsed(t *testing.T, objs []*unstructured.Unstructured, user string) {
+	t.Helper()
+	events, err := cp.AuditEvents()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(group, resource, verb string) string {
+		return choose(group == "", "core", group) + " " + resource + " " + verb
+	}
+	used := map[string]int{}
+	for _, e := range events {
+		if e.User != user || e.Resource == "" {
+			continue
+		}
+		res := e.Resource
+		if e.Subresource != "" {
+			res += "/" + e.Subresource
+		}
+		k := key(e.Group, res, e.Verb)
+		used[k]++
+		if e.Decision != "allow" {
+			t.Errorf("not authorized (%q): %s %s/%s", e.Decision, k, e.Namespace, e.Name)
+		}
+	}
+	if len(used) == 0 {
+		t.Fatalf("no request of %s in the audit log", user)
+	}
+	granted := map[string]bool{}
+	for _, kind := range []string{"ClusterRole", "Role"} {
+		for _, r := range typed[rbacv1.ClusterRole](t, one(t, objs, kind)).Rules {
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					for _, v := range r.Verbs {
+						granted[key(g, res, v)] = true
+					}
+				}
+			}
+		}
+	}
+	var unused, stale []string
+	for k := range granted {
+		if _, exempt := notExercised[k]; used[k] == 0 && !exempt {
+			unused = append(unused, k)
+		}
+	}
+	for k := range notExercised {
+		if !granted[k] {
+			stale = append(stale, k+" (not granted)")
+		}
+	}
+	sort.Strings(unused)
+	sort.Strings(stale)
+	t.Logf("used: %v", used)
+	if len(unused) > 0 {
+		t.Errorf("granted but not used by the fleet (remove it, or name the code in notExercised): %v", unused)
+	}
+	if len(stale) > 0 {
+		t.Errorf("notExercised lists permissions the chart does not grant: %v", stale)
+	}
 }
 
 // startBCESim runs bce-sim with the fleet's world; ListENIs is limited hard

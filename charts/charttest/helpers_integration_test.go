@@ -32,7 +32,7 @@ const chartDir = "../cce-ipam"
 var cp *cluster.Cluster
 
 func TestMain(m *testing.M) {
-	os.Exit(cluster.RunTests(m, cluster.Options{}, &cp))
+	os.Exit(cluster.RunTests(m, cluster.Options{AuditServiceAccounts: true}, &cp))
 }
 
 // binDir is where make tools and make binaries put helm, cce-ipam and bce-sim.

@@ -45,6 +45,11 @@ type Options struct {
 	// Defaults to 90s: a cold kube-apiserver on a loaded 2-core machine
 	// can take half a minute.
 	StartTimeout time.Duration
+	// AuditServiceAccounts makes the API server record every request of a
+	// ServiceAccount (audit level Metadata: user, verb, resource, name,
+	// response code) in Dir/audit.log, which AuditEvents reads: a test can
+	// compare what a component did with what its RBAC grants.
+	AuditServiceAccounts bool
 }
 
 func (o *Options) defaults() error {
@@ -138,7 +143,13 @@ func (c *Cluster) start(ctx context.Context, opts Options) error {
 	if err := c.startEtcd(ctx, opts.BinDir, etcdPort, peerPort); err != nil {
 		return err
 	}
-	if err := c.startAPIServer(ctx, opts.BinDir, apiPort); err != nil {
+	var audit []string
+	if opts.AuditServiceAccounts {
+		if audit, err = c.auditArgs(); err != nil {
+			return err
+		}
+	}
+	if err := c.startAPIServer(ctx, opts.BinDir, apiPort, audit...); err != nil {
 		return err
 	}
 	if opts.ControllerManager {
@@ -174,7 +185,7 @@ func (c *Cluster) startEtcd(ctx context.Context, binDir string, port, peerPort i
 // startAPIServer starts kube-apiserver on port with two token users (the
 // admin and ReplicaUser, both system:masters), waits for /readyz and
 // writes the clients' configs and kubeconfigs.
-func (c *Cluster) startAPIServer(ctx context.Context, binDir string, port int) error {
+func (c *Cluster) startAPIServer(ctx context.Context, binDir string, port int, extraArgs ...string) error {
 	certDir := filepath.Join(c.Dir, "certs")
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
 		return err
@@ -189,27 +200,27 @@ func (c *Cluster) startAPIServer(ctx context.Context, binDir string, port int) e
 		return err
 	}
 	host := "https://127.0.0.1:" + strconv.Itoa(port)
-	p, err := c.startProcess("kube-apiserver", filepath.Join(binDir, "kube-apiserver"),
-		"--etcd-servers="+c.etcdURL,
+	p, err := c.startProcess("kube-apiserver", filepath.Join(binDir, "kube-apiserver"), append([]string{
+		"--etcd-servers=" + c.etcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
 		// A loopback advertise address is refused by the endpoints
 		// reconciler; nothing here routes to the kubernetes Service anyway.
 		"--endpoint-reconciler-type=none",
-		"--secure-port="+strconv.Itoa(port),
-		"--cert-dir="+certDir,
-		"--token-auth-file="+tokenFile,
+		"--secure-port=" + strconv.Itoa(port),
+		"--cert-dir=" + certDir,
+		"--token-auth-file=" + tokenFile,
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+saPub,
-		"--service-account-signing-key-file="+saKey,
+		"--service-account-key-file=" + saPub,
+		"--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--allow-privileged=true",
 		// Without kubelets nothing mounts tokens; and without a running
 		// ServiceAccount controller the plugin would reject every pod.
 		"--disable-admission-plugins=ServiceAccount",
 		"--v=1",
-	)
+	}, extraArgs...)...)
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,7 @@ import (
 // +genclient:noStatus
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:path=ipclaims,scope=Cluster,shortName=ipc
+// +kubebuilder:resource:path=ipclaims,scope=Cluster,shortName=ipc,categories=cce;cce-ipam
 // +kubebuilder:printcolumn:name="IP",type=string,JSONPath=`.spec.ip`
 // +kubebuilder:printcolumn:name="Subnet",type=string,JSONPath=`.spec.subnetID`
 // +kubebuilder:printcolumn:name="Holder NS",type=string,JSONPath=`.spec.holder.namespace`

@@ -18,7 +18,7 @@ import (
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:pruning:PreserveUnknownFields
-// +kubebuilder:resource:path=podsubnettopologyspreads,scope=Namespaced,shortName=psts
+// +kubebuilder:resource:path=podsubnettopologyspreads,scope=Namespaced,shortName=psts,categories=cce;cce-ipam
 
 // PodSubnetTopologySpread (psts) routes the pods it selects to the subnets it
 // lists, each with an allocation strategy. A pod uses the PSTS named in its
@@ -217,7 +217,7 @@ type PodSubnetTopologySpreadList struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:pruning:PreserveUnknownFields
-// +kubebuilder:resource:path=podsubnettopologyspreadtables,scope=Namespaced,shortName=pstt
+// +kubebuilder:resource:path=podsubnettopologyspreadtables,scope=Namespaced,shortName=pstt,categories=cce;cce-ipam
 
 // PodSubnetTopologySpreadTable (pstt) is a table of PSTS specs: its
 // controller keeps one PodSubnetTopologySpread per entry, owned by the

@@ -17,7 +17,7 @@ import (
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
 // +kubebuilder:pruning:PreserveUnknownFields
-// +kubebuilder:resource:path=workloadendpoints,scope=Namespaced,shortName=wep
+// +kubebuilder:resource:path=workloadendpoints,scope=Namespaced,shortName=wep,categories=cce;cce-ipam
 // +kubebuilder:printcolumn:name="IP",type=string,JSONPath=`.spec.ip`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
 // +kubebuilder:printcolumn:name="ENI",type=string,JSONPath=`.spec.eniID`
@@ -140,7 +140,7 @@ type WorkloadEndpointList struct {
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
 // +kubebuilder:pruning:PreserveUnknownFields
-// +kubebuilder:resource:path=ippools,scope=Namespaced,shortName=pool;ipl
+// +kubebuilder:resource:path=ippools,scope=Namespaced,shortName=pool;ipl,categories=cce;cce-ipam
 // +kubebuilder:printcolumn:name="Node Selector",type=string,JSONPath=`.spec.nodeSelector`
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.creationSource`
 // +kubebuilder:printcolumn:name="Priority",type=integer,JSONPath=`.spec.priority`
@@ -325,7 +325,7 @@ type IPPoolList struct {
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
 // +kubebuilder:pruning:PreserveUnknownFields
-// +kubebuilder:resource:path=subnets,scope=Namespaced,shortName=sbn
+// +kubebuilder:resource:path=subnets,scope=Namespaced,shortName=sbn,categories=cce;cce-ipam
 // +kubebuilder:printcolumn:name="CIDR",type=string,JSONPath=`.spec.cidr`
 // +kubebuilder:printcolumn:name="Zone",type=string,JSONPath=`.spec.availabilityZone`
 // +kubebuilder:printcolumn:name="Available",type=integer,JSONPath=`.status.availableIPNum`

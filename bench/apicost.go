@@ -227,7 +227,10 @@ next:
 // helmTemplate renders templates of the chart with its defaults (and the
 // required values) for a release "bench" in podNamespace.
 func (e *env) helmTemplate(ctx context.Context, show ...string) ([]byte, error) {
+	// --kube-version: the chart needs >= 1.31 (Chart.yaml kubeVersion), and the
+	// pinned helm's own default is v1.20.0.
 	args := []string{"template", "bench", filepath.Join(e.cfg.RepoRoot, "charts", "cce-ipam"), "--namespace", podNamespace,
+		"--kube-version", "1.31.0",
 		"--set", "cluster.id=bench,cluster.vpcID=vpc-bench,bce.region=bj,fullnameOverride=bench-ipam"}
 	for _, s := range show {
 		args = append(args, "--show-only", s)

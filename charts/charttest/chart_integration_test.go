@@ -441,6 +441,22 @@ func TestChart_ServerDryRunAccepted(t *testing.T) {
 // test) and waits until discovery serves it.
 func installServiceMonitorCRD(t *testing.T, ctx context.Context) {
 	t.Helper()
+	// The operator's RelabelConfig (fields and action enum of monitoring.coreos.com/v1).
+	var actions []apiextensionsv1.JSON
+	for _, a := range []string{"replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep", "lowercase",
+		"uppercase", "keepequal", "dropequal"} {
+		for _, v := range []string{a, strings.ToUpper(a[:1]) + a[1:]} {
+			actions = append(actions, apiextensionsv1.JSON{Raw: []byte(`"` + v + `"`)})
+		}
+	}
+	relabelConfigs := apiextensionsv1.JSONSchemaProps{Type: "array", Items: &apiextensionsv1.JSONSchemaPropsOrArray{Schema: &apiextensionsv1.JSONSchemaProps{
+		Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"sourceLabels": {Type: "array", Items: &apiextensionsv1.JSONSchemaPropsOrArray{Schema: &apiextensionsv1.JSONSchemaProps{Type: "string"}}},
+			"separator":    {Type: "string"}, "targetLabel": {Type: "string"}, "regex": {Type: "string"},
+			"modulus": {Type: "integer", Format: "int64"}, "replacement": {Type: "string"},
+			"action": {Type: "string", Enum: actions},
+		},
+	}}}
 	cs := apiextensionsclient.NewForConfigOrDie(cp.Config)
 	crd := &apiextensionsv1.CustomResourceDefinition{
 		ObjectMeta: metav1.ObjectMeta{Name: "servicemonitors.monitoring.coreos.com"},
@@ -461,8 +477,10 @@ func installServiceMonitorCRD(t *testing.T, ctx context.Context) {
 							"endpoints": {Type: "array", Items: &apiextensionsv1.JSONSchemaPropsOrArray{Schema: &apiextensionsv1.JSONSchemaProps{
 								Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{
 									"port": {Type: "string"}, "path": {Type: "string"},
-									"interval":      {Type: "string", Pattern: `^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$`},
-									"scrapeTimeout": {Type: "string", Pattern: `^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$`},
+									"interval":          {Type: "string", Pattern: `^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$`},
+									"scrapeTimeout":     {Type: "string", Pattern: `^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$`},
+									"relabelings":       relabelConfigs,
+									"metricRelabelings": relabelConfigs,
 								},
 							}}},
 						}},

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,10 +60,21 @@ func bin(t testing.TB, name string) string {
 	return p
 }
 
+// renderKubeVersion is the Kubernetes version `helm template` renders for:
+// the chart's lowest (Chart.yaml kubeVersion). Without --kube-version, helm
+// checks kubeVersion against its built-in default, which for the pinned helm
+// (built from source without helm's release ldflags) is v1.20.0.
+const renderKubeVersion = "1.31.0"
+
 // helm runs the pinned helm with an isolated home; it returns stdout, and an
-// error carrying stderr when helm fails.
+// error carrying stderr when helm fails. `helm template` gets
+// --kube-version renderKubeVersion unless the caller names a version.
 func helm(t testing.TB, args ...string) (string, error) {
 	t.Helper()
+	if len(args) > 0 && args[0] == "template" &&
+		!slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--kube-version") }) {
+		args = append(slices.Clone(args), "--kube-version", renderKubeVersion)
+	}
 	home := t.TempDir()
 	cmd := exec.Command(bin(t, "helm"), args...)
 	cmd.Env = append(os.Environ(),

@@ -83,7 +83,9 @@ func (c *Cluster) renderFencingPolicy(ctx context.Context, chartDir, namespace, 
 		full = full[:52]
 	}
 	full = strings.TrimRight(full, "-")
-	args := []string{"template", "rel", chartDir,
+	// --kube-version: the chart needs >= 1.31 (Chart.yaml kubeVersion), and the
+	// pinned helm's own default is v1.20.0.
+	args := []string{"template", "rel", chartDir, "--kube-version", "1.31.0",
 		"--namespace", namespace, "--show-only", "templates/fencing-policy.yaml",
 		"--set", "cluster.id=c,cluster.vpcID=v,bce.region=bj,fullnameOverride=" + full,
 		"--set", "fencing.user=" + ReplicaUser}

@@ -56,8 +56,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s-keys" (include "cce-ipam.fullname" .) }}
 {{- end }}
 
+{{/* repository@digest when a digest is set (the tag is then ignored: a reference with both is
+     resolved by digest anyway, and some runtimes refuse it), else repository:tag. */}}
 {{- define "cce-ipam.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* app.kubernetes.io/version of the pods: the version that runs (the image tag, default the appVersion),
+     as a label value (at most 63 characters, alphanumeric at both ends). */}}
+{{- define "cce-ipam.podVersion" -}}
+{{- default .Chart.AppVersion .Values.image.tag | trunc 63 | trimSuffix "-" | trimSuffix "." | trimSuffix "_" }}
 {{- end }}
 
 {{/* host:port for a listener: listenAddress (empty = every interface) and a port. */}}

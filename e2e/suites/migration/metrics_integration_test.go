@@ -120,6 +120,7 @@ func renderReferenceRules(t *testing.T, f *fleet.Fleet) string {
 	home := t.TempDir()
 	chart := filepath.Join("..", "..", "..", "charts", "cce-ipam") // from this package
 	cmd := exec.Command(filepath.Join(f.Options().BinDir, "helm"), "template", "mig", chart,
+		"--kube-version", "1.31.0", // the chart needs >= 1.31; the pinned helm's default is v1.20.0
 		"--show-only", "templates/prometheusrule-reference.yaml",
 		"--set", "serviceMonitor.enabled=true", "--set", "cluster.id="+f.ClusterID, "--set", "cluster.vpcID="+f.VPCID,
 		"--set", "bce.region="+fleet.Region, "--set", "bce.credentials.accessKeyID=x", "--set", "bce.credentials.secretAccessKey=y")

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/cloud/bcesim"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
 )
@@ -299,4 +300,58 @@ func TestIPAM_RepairSetsWrongWEPENI(t *testing.T) {
 // in the full package run, never alone).
 func ownAddresses(cidr string) world {
 	return world{annotateMaxIPs: true, subnetCIDR: cidr}
+}
+
+// A leaked-IP suspect past its grace whose cloud delete fails is counted by
+// cce_ipam_leaked_ip_suspects_past_grace (the chart's leaked-IP alert reads
+// it) until a pass deletes it; within the grace it is not.
+func TestIPAM_GC_SuspectPastGraceCountedWhileDeleteFails(t *testing.T) {
+	const grace = 2 * time.Second
+	e := newEnvIn(t, "pastgrace", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin, c.IdleMax = 1, 4
+		c.PoolCheckPeriod = 200 * time.Millisecond
+		c.ENISyncPeriod = 300 * time.Millisecond
+		c.ReadLag = 300 * time.Millisecond
+		c.GCPeriod = time.Hour // passes are run by the test
+		c.LeakGrace = grace
+	}), ownAddresses("10.64.0.0/20"))
+	node := e.nodes[0]
+	eventually(t, 15*time.Second, "the pool filled", func() bool { return e.stats(node).Idle >= 1 })
+	added, err := e.cloud.BatchAddPrivateIPs(e.ctx, e.nodeENI(node), cloud.BatchAddRequest{Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan := added[0]
+	eventually(t, 15*time.Second, "the ENI sync to record the orphan", func() bool {
+		o, ok := e.record(orphan)
+		return ok && o.HoldReason == datastore.HoldOrphan
+	})
+	if err := e.sim.SetFaults(bcesim.Faults{ErrorRate: map[bcesim.Op]float64{
+		bcesim.OpDeletePrivateIP: 1, bcesim.OpBatchDeletePrivateIP: 1}}); err != nil {
+		t.Fatal(err)
+	}
+
+	e.ipam.CollectGarbage(e.ctx) // stamps the suspect
+	if got := e.gauge("cce_ipam_leaked_ip_suspects_past_grace"); got != 0 {
+		t.Fatalf("within the grace: cce_ipam_leaked_ip_suspects_past_grace = %v, want 0", got)
+	}
+	time.Sleep(grace)
+	e.ipam.CollectGarbage(e.ctx) // past the grace: the delete fails
+	if !e.cloudIPs()[e.instance[node]][orphan] {
+		t.Fatalf("%s deleted although every cloud delete fails", orphan)
+	}
+	if got := e.gauge("cce_ipam_leaked_ip_suspects_past_grace"); got != 1 {
+		t.Fatalf("delete failing past the grace: cce_ipam_leaked_ip_suspects_past_grace = %v, want 1", got)
+	}
+
+	if err := e.sim.SetFaults(bcesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	e.ipam.CollectGarbage(e.ctx)
+	if e.cloudIPs()[e.instance[node]][orphan] {
+		t.Fatalf("%s still in the cloud after the faults were lifted", orphan)
+	}
+	if got := e.gauge("cce_ipam_leaked_ip_suspects_past_grace"); got != 0 {
+		t.Fatalf("after the delete: cce_ipam_leaked_ip_suspects_past_grace = %v, want 0", got)
+	}
 }

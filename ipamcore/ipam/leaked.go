@@ -50,15 +50,15 @@ func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datast
 	now := i.deps.Clock.Now()
 	seen := map[netip.Addr]bool{}
 	var oldest time.Duration
-	inUse := 0
+	inUse, pastGrace := 0, 0
 	for nodeName := range nodes {
 		// Per node, as in-flight work of the node (see collectServedWEP).
 		ctx, n, done, ok := i.acquireWork(ctx, nodeName)
 		if !ok {
 			continue
 		}
-		o, held := i.collectLeakedIPsOf(ctx, n, named, claimed, now, seen)
-		oldest, inUse = max(oldest, o), inUse+held
+		o, held, past := i.collectLeakedIPsOf(ctx, n, named, claimed, now, seen)
+		oldest, inUse, pastGrace = max(oldest, o), inUse+held, pastGrace+past
 		done()
 	}
 	for a := range i.leakSuspects {
@@ -68,24 +68,26 @@ func (i *IPAM) collectLeakedIPs(ctx context.Context, named map[netip.Addr]datast
 	}
 	i.metrics.leakSuspects.Set(float64(len(i.leakSuspects)))
 	i.metrics.leakOldest.Set(oldest.Seconds())
+	i.metrics.leakPastGrace.Set(float64(pastGrace))
 	i.metrics.heldInUse.Set(float64(inUse))
 }
 
 // collectLeakedIPsOf is collectLeakedIPs for one node; it returns the age of
-// its oldest suspect still in its grace period and how many addresses it
-// holds for running pods.
+// its oldest suspect still in its grace period, how many addresses it holds
+// for running pods, and how many suspects past their grace it could not
+// delete (the leaked-IP alert's signal: the GC is stuck, not waiting).
 func (i *IPAM) collectLeakedIPsOf(ctx context.Context, n *node, named map[netip.Addr]datastore.PodKey,
-	claimed map[netip.Addr]wepClaim, now time.Time, seen map[netip.Addr]bool) (oldest time.Duration, inUse int) {
+	claimed map[netip.Addr]wepClaim, now time.Time, seen map[netip.Addr]bool) (oldest time.Duration, inUse, pastGrace int) {
 	if i.mayAct(n.name) != nil {
-		return 0, 0
+		return 0, 0, 0
 	}
 	users, ok := n.podIPUsers()
 	if !ok {
-		return 0, 0
+		return 0, 0, 0
 	}
 	snap, err := i.store.Snapshot(n.name)
 	if err != nil {
-		return 0, 0
+		return 0, 0, 0
 	}
 	for _, e := range snap.ENIs {
 		for _, ip := range e.IPs {
@@ -148,13 +150,24 @@ func (i *IPAM) collectLeakedIPsOf(ctx context.Context, n *node, named map[netip.
 				oldest = max(oldest, age)
 				continue
 			}
-			if i.deleteLeakedIP(ctx, n, ip, first) {
-				delete(i.leakSuspects, ip.Addr)
-				delete(seen, ip.Addr)
+			if !i.settleSuspect(ctx, n, ip, first, seen) {
+				pastGrace++
 			}
 		}
 	}
-	return oldest, inUse
+	return oldest, inUse, pastGrace
+}
+
+// settleSuspect deletes a suspect past its grace; it reports whether the
+// suspect is settled: deleted, or found in use and held.
+func (i *IPAM) settleSuspect(ctx context.Context, n *node, ip datastore.IPInfo, first time.Time, seen map[netip.Addr]bool) bool {
+	if i.deleteLeakedIP(ctx, n, ip, first) {
+		delete(i.leakSuspects, ip.Addr)
+		delete(seen, ip.Addr)
+		return true
+	}
+	_, still := i.leakSuspects[ip.Addr]
+	return !still
 }
 
 // holdInUse holds an address a running pod uses without a wep giving it
@@ -203,8 +216,8 @@ func (i *IPAM) adoptOrphan(n *node, ip datastore.IPInfo, o datastore.Owner) {
 // address back as it was, for the next pass.
 func (i *IPAM) deleteLeakedIP(ctx context.Context, n *node, ip datastore.IPInfo, first time.Time) bool {
 	if user, used, err := i.runningPodWithIP(ctx, ip.Addr); err != nil || used {
-		if used {
-			i.holdInUse(n, ip, user)
+		if used && i.holdInUse(n, ip, user) {
+			delete(i.leakSuspects, ip.Addr) // in use, not leaked: no longer a suspect
 		}
 		return false
 	}

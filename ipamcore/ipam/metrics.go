@@ -13,22 +13,23 @@ const (
 )
 
 type metrics struct {
-	allocations  *prometheus.CounterVec
-	releases     *prometheus.CounterVec
-	rebuilds     *prometheus.CounterVec
-	poolErrors   *prometheus.CounterVec
-	poolAdded    prometheus.Counter
-	poolReturned prometheus.Counter
-	enisCreated  prometheus.Counter
-	enisAhead    prometheus.Counter
-	gcActions    *prometheus.CounterVec
-	gcDuration   prometheus.Histogram
-	leakSuspects prometheus.Gauge
-	leakOldest   prometheus.Gauge
-	heldInUse    prometheus.Gauge
-	fenced       prometheus.Counter
-	reconciled   *prometheus.CounterVec
-	ghostWEPs    *prometheus.CounterVec
+	allocations   *prometheus.CounterVec
+	releases      *prometheus.CounterVec
+	rebuilds      *prometheus.CounterVec
+	poolErrors    *prometheus.CounterVec
+	poolAdded     prometheus.Counter
+	poolReturned  prometheus.Counter
+	enisCreated   prometheus.Counter
+	enisAhead     prometheus.Counter
+	gcActions     *prometheus.CounterVec
+	gcDuration    prometheus.Histogram
+	leakSuspects  prometheus.Gauge
+	leakOldest    prometheus.Gauge
+	leakPastGrace prometheus.Gauge
+	heldInUse     prometheus.Gauge
+	fenced        prometheus.Counter
+	reconciled    *prometheus.CounterVec
+	ghostWEPs     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -89,6 +90,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		leakOldest: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_leaked_ip_oldest_suspect_age_seconds", Help: "Age of the oldest leaked-IP suspect.",
+		}),
+		leakPastGrace: f.NewGauge(prometheus.GaugeOpts{
+			Name: "cce_ipam_leaked_ip_suspects_past_grace",
+			Help: "Leaked-IP suspects past the leak grace that the last GC pass could not delete (the cloud delete or " +
+				"the check that no pod uses them failed, or the node is no longer ours to act for); retried each pass.",
 		}),
 		heldInUse: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_ips_held_in_use",

@@ -820,23 +820,39 @@ func churnPods(ctx context.Context, kube kubernetes.Interface, ns string, done <
 }
 
 // startPrometheus runs a real Prometheus scraping every replica each second
-// and returns its URL once it is ready.
+// (runPrometheus) and returns its URL once it is ready.
 func startPrometheus(t *testing.T, promBin string, replicas []*replica) string {
 	t.Helper()
-	var targets []string
+	var addrs []string
 	for _, r := range replicas {
-		targets = append(targets, strconv.Quote(r.metricsAddr))
+		addrs = append(addrs, r.metricsAddr)
+	}
+	return runPrometheus(t, promBin, addrs, "")
+}
+
+// runPrometheus runs a real Prometheus that scrapes the metrics addresses
+// each second as job cce-ipam and, when ruleFile is not empty, evaluates
+// its rules each second; it returns its URL once it is ready.
+func runPrometheus(t *testing.T, promBin string, metricsAddrs []string, ruleFile string) string {
+	t.Helper()
+	var targets []string
+	for _, a := range metricsAddrs {
+		targets = append(targets, strconv.Quote(a))
 	}
 	dir := t.TempDir()
+	rules := ""
+	if ruleFile != "" {
+		rules = "rule_files: [" + strconv.Quote(ruleFile) + "]\n"
+	}
 	config := fmt.Sprintf(`global:
   scrape_interval: 1s
   scrape_timeout: 1s
   evaluation_interval: 1s
-scrape_configs:
+%sscrape_configs:
   - job_name: cce-ipam
     static_configs:
       - targets: [%s]
-`, strings.Join(targets, ", "))
+`, rules, strings.Join(targets, ", "))
 	configPath := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(configPath, []byte(config), 0o600); err != nil {
 		t.Fatal(err)

@@ -81,3 +81,24 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%v" $host .port }}
 {{- end }}
 {{- end }}
+
+{{/*
+One alerting rule of templates/prometheusrule-alerts.yaml: dict with root
+(the chart's context), name, cfg (its alerts.<rule> values: for, severity),
+expr, summary and description; runbook_url points at the alert's section of
+the chart README.
+*/}}
+{{- define "cce-ipam.alert" -}}
+- alert: {{ .name }}
+  expr: {{ .expr | quote }}
+  for: {{ .cfg.for }}
+  labels:
+    severity: {{ .cfg.severity | quote }}
+    {{- with .root.Values.alerts.alertLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    summary: {{ .summary | quote }}
+    description: {{ .description | quote }}
+    runbook_url: {{ printf "%s#%s" .root.Values.alerts.runbookBaseURL (lower .name) | quote }}
+{{- end }}

@@ -67,8 +67,10 @@ func TestChart_LintAndTemplate(t *testing.T) {
 			if got := len(find(objs, "ServiceMonitor")); got != map[bool]int{true: 1}[tc.extras] {
 				t.Errorf("%d ServiceMonitors rendered, want one only with the ci values", got)
 			}
-			if got := len(find(objs, "PrometheusRule")); got != map[bool]int{true: 1}[tc.extras] {
-				t.Errorf("%d PrometheusRules (reference metric names) rendered, want one only with the ci values", got)
+			for _, rule := range []string{"rel-cce-ipam-reference-metrics", "rel-cce-ipam-alerts"} {
+				if got := len(find(objs, "PrometheusRule", rule)); got != map[bool]int{true: 1}[tc.extras] {
+					t.Errorf("%d PrometheusRules %s rendered, want one only with the ci values", got, rule)
+				}
 			}
 			dashboards := find(objs, "ConfigMap")
 			if got := len(dashboards); got != map[bool]int{true: 1}[tc.extras] {
@@ -361,6 +363,9 @@ func TestChart_SchemaRejectsBadValues(t *testing.T) {
 		{"bce.credentials.mode=token", "/bce/credentials/mode"},
 		{"bce.gateway.endpoint=http://gw", "/bce/gateway/endpoint"},
 		{"bce.gateway.tokenSecret=no-namespace", "/bce/gateway/tokenSecret"},
+		{"alerts.cniFailureRatio.threshold=2", "/alerts/cniFailureRatio"},
+		{"alerts.leaseInvalid.for=soon", "/alerts/leaseInvalid/for"},
+		{"alerts.leaseInvalid.limit=1", "additional properties 'limit' not allowed"},
 	} {
 		_, err := helm(t, "template", "rel", chartDir, "--set", tc.set)
 		if err == nil {

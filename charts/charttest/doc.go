@@ -1,7 +1,8 @@
 // Package charttest tests the Helm chart charts/cce-ipam with real parts: the
 // pinned helm binary, a real kube-apiserver (e2e/cluster), bce-sim and
 // cce-ipam processes, the kubelet simulator and a real Prometheus. Every test
-// needs bin/ (make tools, make binaries) and carries the integration tag.
+// but TestDashboard_Lint needs bin/ (make tools, make binaries) and carries the
+// integration tag.
 //
 //   - TestChart_LintAndTemplate: helm lint and helm template, with the
 //     default values and with ci/five-replicas-values.yaml; what the
@@ -28,6 +29,12 @@
 //     replica may log "forbidden", and every verb the RBAC grants must show
 //     up in the API server's audit log of the run (or be named, with its
 //     code, in notExercised).
+//   - TestChart_KubeVersion, _Subchart, _UpdateStrategy, _ServiceMonitorOptions,
+//     _ImageDigest, _ExtraVolumes, _PodVersionLabel, TestCRDs_Categories: the
+//     chart conventions (kubeVersion, global values, the Deployment strategy
+//     shape, CRD categories on the API server).
+//   - TestDashboard_Lint (no build tag): the rules of Grafana's dashboard
+//     linter over dashboards/cce-ipam.json, each with a dashboard broken for it.
 //
 // Run them with
 //

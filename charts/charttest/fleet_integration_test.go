@@ -876,12 +876,12 @@ func runPrometheus(t *testing.T, promBin string, metricsAddrs []string, ruleFile
 type dashboardQuery struct{ panel, expr string }
 
 // grafanaVars are what Grafana substitutes before a query reaches Prometheus:
-// the job of the test's scrape config, every replica, a rate window that
-// spans a few scrapes.
+// the job of the test's scrape config, every replica, every cluster (the
+// "All" of the cluster variable, which also matches the test's series without
+// a cluster label), a rate window that spans a few scrapes.
 var grafanaVars = strings.NewReplacer("$__rate_interval", "1m", "$__interval", "15s", "$__range", "5m",
-	"${job}", "cce-ipam", "$job", "cce-ipam", "${instance}", ".*", "$instance", ".*")
-
-var labelValues = regexp.MustCompile(`^label_values\((.+),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)$`)
+	"${job}", "cce-ipam", "$job", "cce-ipam", "${instance}", ".*", "$instance", ".*",
+	"${cluster}", ".*", "$cluster", ".*")
 
 // dashboardQueries returns every PromQL expression of the dashboard: panel
 // targets (rows included) and template variable queries (label_values(m, l)

@@ -306,6 +306,9 @@ func (e *env) settled(ctx context.Context, nodes int) (bool, string) {
 		if st.UnownedNodes != 0 {
 			return false, fmt.Sprintf("replica %d: %d nodes unowned", r.Index(), st.UnownedNodes)
 		}
+		if st.BalancePending {
+			return false, fmt.Sprintf("replica %d has node counts to publish", r.Index())
+		}
 		live := 0
 		for _, m := range st.Members {
 			if m.Live {

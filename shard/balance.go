@@ -169,6 +169,7 @@ type Balancer struct {
 	version    string // the counts annotation as last observed ("" no Lease)
 	counts     []int  // the published node counts; nil: none or unreadable
 	publishing bool
+	pending    bool // the last look found counts to publish (or one in flight)
 	lastCheck  time.Time
 	lastTry    time.Time
 	table      Table // the ring balanced with counts, for tableRing
@@ -231,11 +232,15 @@ func (b *Balancer) Table(r *Ring) (Table, error) {
 // most once a second, and publishes when no counts are published or the
 // shares have drifted (RebalanceReason).
 func (b *Balancer) Step(v BalanceView) (*PublishBalance, error) {
-	if v.Ring == nil || len(v.Live) == 0 || v.Live[0] != b.cfg.Self || !v.Active || b.publishing ||
-		v.Now.Sub(b.lastCheck) < balanceLook || (!b.lastTry.IsZero() && v.Now.Sub(b.lastTry) < b.cfg.Interval) {
+	if v.Ring == nil || len(v.Live) == 0 || v.Live[0] != b.cfg.Self || !v.Active {
+		b.pending = false // not the publisher (now)
+		return nil, nil
+	}
+	if b.publishing || v.Now.Sub(b.lastCheck) < balanceLook {
 		return nil, nil
 	}
 	b.lastCheck = v.Now
+	b.pending = false
 	if len(v.Nodes) == 0 {
 		return nil, nil // nothing to balance
 	}
@@ -253,6 +258,11 @@ func (b *Balancer) Step(v BalanceView) (*PublishBalance, error) {
 	if reason == "" {
 		return nil, nil
 	}
+	// Due, but published only once per Interval; Pending says so meanwhile.
+	b.pending = true
+	if !b.lastTry.IsZero() && v.Now.Sub(b.lastTry) < b.cfg.Interval {
+		return nil, nil
+	}
 	b.publishing, b.lastTry = true, v.Now
 	return &PublishBalance{
 		Counts: actual,
@@ -266,6 +276,12 @@ func (b *Balancer) Step(v BalanceView) (*PublishBalance, error) {
 // counts are looked at again after the Interval, whether the write
 // succeeded or failed.
 func (b *Balancer) Published() { b.publishing = false }
+
+// Pending reports whether this replica, as the publisher, has node counts
+// to publish: its last look found none published or the shares drifted, and
+// they are being written or wait for the Interval. A table that is about to
+// change is not settled (the status says so, for tests and operators).
+func (b *Balancer) Pending() bool { return b.pending || b.publishing }
 
 // Publishing reports whether a publication is in flight.
 func (b *Balancer) Publishing() bool { return b.publishing }

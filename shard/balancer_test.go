@@ -234,3 +234,54 @@ func TestBalancer_ObserveAndTable(t *testing.T) {
 		t.Fatalf("the counts of a deleted Lease are still used (%v)", err)
 	}
 }
+
+// Pending is what the status reports while the table is about to change:
+// counts to publish that wait for the interval, or a publication in flight;
+// never on a replica that is not the publisher.
+func TestBalancer_Pending(t *testing.T) {
+	f := newBalanceFixture(t)
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	b := NewBalancer(BalancerConfig{Self: f.members[0], Partitions: f.ring.cfg.Partitions, Interval: balanceInterval})
+	step := func(at time.Duration, nodes []string) *PublishBalance {
+		t.Helper()
+		pub, err := b.Step(BalanceView{Now: t0.Add(at), Ring: f.ring, Live: f.members, Active: true, Nodes: nodes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pub
+	}
+	observe := func(nodes []string) {
+		t.Helper()
+		b.Published()
+		if err := b.Observe(true, EncodePartitionNodes(partitionCounts(f.ring.cfg.Partitions, nodes))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b.Pending() {
+		t.Fatal("pending before any look")
+	}
+	if step(0, f.base) == nil || !b.Pending() {
+		t.Fatal("no counts published: want a publication, pending")
+	}
+	observe(f.base)
+	if step(time.Second, f.base) != nil || b.Pending() {
+		t.Fatal("the published counts are current: want nothing pending")
+	}
+	if step(2*time.Second, f.heavy) != nil {
+		t.Fatal("published within the interval")
+	}
+	if !b.Pending() {
+		t.Fatal("drift past the threshold, waiting for the interval: not pending")
+	}
+	if step(balanceInterval, f.heavy) == nil || !b.Pending() {
+		t.Fatal("the interval passed: want a publication, pending")
+	}
+	observe(f.heavy)
+	if step(balanceInterval+time.Second, f.heavy) != nil || b.Pending() {
+		t.Fatal("the new counts are current: want nothing pending")
+	}
+	other := NewBalancer(BalancerConfig{Self: f.members[1], Partitions: f.ring.cfg.Partitions, Interval: balanceInterval})
+	if pub, _ := other.Step(BalanceView{Now: t0, Ring: f.ring, Live: f.members, Active: true, Nodes: f.heavy}); pub != nil || other.Pending() {
+		t.Fatal("a replica that does not publish reports pending")
+	}
+}

@@ -72,6 +72,9 @@ type Coordinator struct {
 	kick     chan struct{}
 	results  chan func() // outcomes of I/O, applied on the loop goroutine
 	shutdown atomic.Pointer[func()]
+	// balancePending is the Balancer's Pending after the loop's last step,
+	// for Status (read on other goroutines).
+	balancePending atomic.Bool
 
 	// Owned by the loop goroutine. The decisions are the Ownership's; the
 	// rest is what the I/O needs.

@@ -29,6 +29,11 @@ type Status struct {
 	// FencingPolicy is "ok" when the API server's fencing policy is in
 	// place, else why wep writes are fenced by this replica's clock only.
 	FencingPolicy string `json:"fencingPolicy"`
+	// BalancePending is true on the replica that publishes the partitions'
+	// node counts while it has counts to publish (none yet, or the shares
+	// drifted): the table, and with it some nodes' owners, is about to
+	// change.
+	BalancePending bool `json:"balancePending,omitempty"`
 }
 
 // MemberStatus is one replica as this one sees it.
@@ -64,10 +69,11 @@ func (c *Coordinator) Status(leader func() (string, bool)) Status {
 	nodes := c.servedNodes()
 	s := c.fence.load()
 	st := Status{
-		Self:       c.self,
-		LeaseValid: now.Before(s.leaseValidUntil),
-		Partitions: c.cfg.Ring.Partitions,
-		Ready:      "ok",
+		Self:           c.self,
+		LeaseValid:     now.Before(s.leaseValidUntil),
+		Partitions:     c.cfg.Ring.Partitions,
+		Ready:          "ok",
+		BalancePending: c.balancePending.Load(),
 	}
 	if s.readyReason != "" {
 		st.Ready = s.readyReason

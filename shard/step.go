@@ -33,6 +33,7 @@ func (c *Coordinator) step(ctx context.Context) error {
 		return err
 	}
 	c.stepBalance(ctx, now, balanceLease, live, served)
+	c.balancePending.Store(c.balance.Pending())
 	acts, err := c.own.Step(c.view(now, live, claims, gossip))
 	if err != nil {
 		return err

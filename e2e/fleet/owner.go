@@ -181,6 +181,8 @@ func agreed(ctx context.Context, running []*Replica) error {
 			return fmt.Errorf("replica %d not ready: %s", r.index, st.Ready)
 		case st.UnownedNodes != 0:
 			return fmt.Errorf("replica %d sees %d nodes without an owner", r.index, st.UnownedNodes)
+		case st.BalancePending:
+			return fmt.Errorf("replica %d has node counts to publish: the table is about to change", r.index)
 		}
 		liveMembers := 0
 		for _, m := range st.Members {

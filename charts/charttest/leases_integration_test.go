@@ -34,18 +34,9 @@ import (
 func TestChart_LeaseNamesRestricted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ns := cp.Namespace(t)
-	objs := render(t, "leases", ns)
-	apply(t, ctx, one(t, objs, "ServiceAccount"), one(t, objs, "Role"), one(t, objs, "RoleBinding"))
+	ns, objs, sa := asChartServiceAccount(t, ctx, "leases")
 	admin := kubernetes.NewForConfigOrDie(cp.Config)
-	tok, err := admin.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "leases-cce-ipam",
-		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: new(int64(3600))}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	saCfg := rest.AnonymousClientConfig(cp.Config)
-	saCfg.BearerToken = tok.Status.Token
-	leases := kubernetes.NewForConfigOrDie(saCfg).CoordinationV1().Leases(ns)
+	leases := sa.CoordinationV1().Leases(ns)
 
 	if _, err := admin.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: "kube-scheduler"},
@@ -105,6 +96,25 @@ func TestChart_LeaseNamesRestricted(t *testing.T) {
 			t.Fatalf("delete %s: %v", name, err)
 		}
 	}
+}
+
+// asChartServiceAccount renders the chart as release rel in a new
+// namespace, applies its ServiceAccount, Role and RoleBinding, and returns
+// the namespace, the rendered objects and a client that acts as that
+// ServiceAccount (a TokenRequest token), as the replicas do.
+func asChartServiceAccount(t *testing.T, ctx context.Context, rel string) (string, []*unstructured.Unstructured, kubernetes.Interface) {
+	t.Helper()
+	ns := cp.Namespace(t)
+	objs := render(t, rel, ns)
+	apply(t, ctx, one(t, objs, "ServiceAccount"), one(t, objs, "Role"), one(t, objs, "RoleBinding"))
+	tok, err := kubernetes.NewForConfigOrDie(cp.Config).CoreV1().ServiceAccounts(ns).CreateToken(ctx, rel+"-cce-ipam",
+		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: new(int64(3600))}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(cp.Config)
+	cfg.BearerToken = tok.Status.Token
+	return ns, objs, kubernetes.NewForConfigOrDie(cfg)
 }
 
 // apply server-side-applies rendered objects as the admin; cluster-scoped

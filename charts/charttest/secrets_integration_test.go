@@ -9,12 +9,10 @@ import (
 	"testing"
 	"time"
 
-	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 )
 
 // The Role grants create on Secrets (the replicas create their key and
@@ -29,18 +27,9 @@ import (
 func TestChart_SecretCreatesRestricted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ns := cp.Namespace(t)
-	objs := render(t, "secrets", ns)
-	apply(t, ctx, one(t, objs, "ServiceAccount"), one(t, objs, "Role"), one(t, objs, "RoleBinding"))
+	ns, objs, sa := asChartServiceAccount(t, ctx, "secrets")
 	admin := kubernetes.NewForConfigOrDie(cp.Config)
-	tok, err := admin.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "secrets-cce-ipam",
-		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: new(int64(3600))}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	saCfg := rest.AnonymousClientConfig(cp.Config)
-	saCfg.BearerToken = tok.Status.Token
-	secrets := kubernetes.NewForConfigOrDie(saCfg).CoreV1().Secrets(ns)
+	secrets := sa.CoreV1().Secrets(ns)
 	const keys, certs = "secrets-cce-ipam-keys", "secrets-cce-ipam-webhook-certs"
 	create := func(name string, typ corev1.SecretType, data map[string][]byte) error {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name}, Type: typ, Data: data}

@@ -6,10 +6,10 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/cce-ipam/sharded/ipamcore/cachetrim"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	cceinformers "github.com/cce-ipam/sharded/ipamcore/generated/informers/externalversions"
 	"github.com/cce-ipam/sharded/ipamcore/ipam"
@@ -42,12 +42,12 @@ type pstsParts struct {
 
 func newPSTSParts(o options, clients kubeClients, log *slog.Logger, reg prometheus.Registerer) (*pstsParts, error) {
 	p := &pstsParts{
-		claims: cceinformers.NewSharedInformerFactoryWithOptions(clients.cce, 0, cceinformers.WithTransform(stripManagedFields)),
+		claims: cceinformers.NewSharedInformerFactoryWithOptions(clients.cce, 0, cceinformers.WithTransform(cachetrim.StripManagedFields)),
 		runCtx: make(chan context.Context, 1),
 		cce:    clients.cce,
 	}
 	p.pstsWeps = cceinformers.NewSharedInformerFactoryWithOptions(clients.cce, 0,
-		cceinformers.WithTransform(stripManagedFields),
+		cceinformers.WithTransform(cachetrim.StripManagedFields),
 		cceinformers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 			if !p.allWeps.Load() {
 				lo.FieldSelector = "spec.subnetTopologyReference!="
@@ -90,15 +90,6 @@ func (p *pstsParts) lead(ctx context.Context, log *slog.Logger) {
 	if err := p.keeper.Run(ctx); err != nil && ctx.Err() == nil {
 		log.Error("IPClaim keeper stopped", "err", err)
 	}
-}
-
-// stripManagedFields drops server-side apply bookkeeping, often half an
-// object's size, which nothing here reads.
-func stripManagedFields(obj any) (any, error) {
-	if a, err := meta.Accessor(obj); err == nil && a.GetManagedFields() != nil {
-		a.SetManagedFields(nil)
-	}
-	return obj, nil
 }
 
 // probeWepSelector asks, before the wep watch first starts, whether the wep

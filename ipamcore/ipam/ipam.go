@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/cce-ipam/sharded/cloud"
+	"github.com/cce-ipam/sharded/ipamcore/cachetrim"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	ccescheme "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned/scheme"
@@ -169,7 +170,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 	// served node (nodeCache), WorkloadEndpoints read live, so memory follows
 	// the replica's share.
 	i.kubeInformers = informers.NewSharedInformerFactoryWithOptions(deps.Kube, 0, informers.WithTransform(slimClusterObject))
-	i.cceInformers = cceinformers.NewSharedInformerFactoryWithOptions(deps.CCE, 0, cceinformers.WithTransform(stripManagedFieldsTransform))
+	i.cceInformers = cceinformers.NewSharedInformerFactoryWithOptions(deps.CCE, 0, cceinformers.WithTransform(cachetrim.StripManagedFields))
 	i.nodes = i.kubeInformers.Core().V1().Nodes().Lister()
 	i.statefulSets = i.kubeInformers.Apps().V1().StatefulSets().Lister()
 	i.subnets = i.cceInformers.Cce().V1alpha1().Subnets().Lister()

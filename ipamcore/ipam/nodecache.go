@@ -7,7 +7,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -16,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/cachetrim"
 )
 
 // nodeCache is the watch-fed view of one served node's pods (field selector
@@ -160,18 +160,6 @@ func slimPod(obj any) any {
 	return out
 }
 
-// stripManagedFields is the cluster-wide informers' transform: server-side
-// apply bookkeeping is often half an object's size and the IPAM never reads
-// it.
-func stripManagedFields(obj any) any {
-	if a, err := meta.Accessor(obj); err == nil && a.GetManagedFields() != nil {
-		a.SetManagedFields(nil)
-	}
-	return obj
-}
-
-func stripManagedFieldsTransform(obj any) (any, error) { return stripManagedFields(obj), nil }
-
 // slimClusterObject is the transform of the Node and StatefulSet informers,
 // whose caches every replica holds whole whatever its share: it keeps what
 // the IPAM and the shard layer read and drops the rest. Of a Node: its
@@ -180,7 +168,7 @@ func stripManagedFieldsTransform(obj any) (any, error) { return stripManagedFiel
 // never read. Of a StatefulSet: its metadata and spec.replicas (the fixed-IP
 // GC's scale-down check); its pod template is never read.
 func slimClusterObject(obj any) (any, error) {
-	obj = stripManagedFields(obj)
+	obj, _ = cachetrim.StripManagedFields(obj) // never fails
 	switch o := obj.(type) {
 	case *corev1.Node:
 		// Only the Ready condition's status is read (ENIs ahead of

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/cachetrim"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	ccescheme "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned/scheme"
 	cceinformers "github.com/cce-ipam/sharded/ipamcore/generated/informers/externalversions"
@@ -98,7 +99,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pstt"}),
 	}
 
-	factory := cceinformers.NewSharedInformerFactoryWithOptions(c.deps.CCE, 0, cceinformers.WithTransform(stripManagedFields))
+	factory := cceinformers.NewSharedInformerFactoryWithOptions(c.deps.CCE, 0, cceinformers.WithTransform(cachetrim.StripManagedFields))
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {

@@ -254,15 +254,6 @@ func stripWEP(obj any) (any, error) {
 	}, nil
 }
 
-// stripManagedFields is the transform of the PSTS, table and Subnet
-// informers: they are few, only their managed fields are dropped.
-func stripManagedFields(obj any) (any, error) {
-	if m, err := meta.Accessor(obj); err == nil {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
-}
-
 // pstsKey is the key of the PSTS a pod or wep names, "" if none.
 func pstsKey(obj any) string {
 	o, ok := unwrap(obj).(runtime.Object)

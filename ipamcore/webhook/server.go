@@ -20,6 +20,7 @@ import (
 
 	"github.com/cce-ipam/sharded/cloud"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/cachetrim"
 	cceclient "github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 	cceinformers "github.com/cce-ipam/sharded/ipamcore/generated/informers/externalversions"
 	ccelisters "github.com/cce-ipam/sharded/ipamcore/generated/listers/cce/v1alpha1"
@@ -85,7 +86,7 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*S
 	s.keeper = newKeeper(cfg, deps.Kube, log, s.metrics)
 	factory := deps.CCEInformers
 	if factory == nil {
-		factory = cceinformers.NewSharedInformerFactoryWithOptions(deps.CCE, 0, cceinformers.WithTransform(stripManagedFields))
+		factory = cceinformers.NewSharedInformerFactoryWithOptions(deps.CCE, 0, cceinformers.WithTransform(cachetrim.StripManagedFields))
 		s.ownCCE = factory
 	}
 	v1 := factory.Cce().V1alpha1()
@@ -217,13 +218,4 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(PathMutatePods, s.handler("pods", s.reviewPod))
 	mux.Handle(PathValidatePSTS, s.handler("psts", s.reviewPSTS))
 	return mux
-}
-
-// stripManagedFields drops what the webhooks never read from cached
-// objects.
-func stripManagedFields(obj any) (any, error) {
-	if m, ok := obj.(metav1.ObjectMetaAccessor); ok {
-		m.GetObjectMeta().SetManagedFields(nil)
-	}
-	return obj, nil
 }

@@ -47,7 +47,9 @@ func (i *IPAM) releasePSTS(ctx context.Context, n *node, wep *cce.WorkloadEndpoi
 // one leaves the ENI (and then its claim, if it has one).
 func (i *IPAM) freePSTSAddress(ctx context.Context, n *node, wep *cce.WorkloadEndpoint, addr netip.Addr) {
 	pod := datastore.PodKey{Namespace: wep.Namespace, Name: wep.Name}
-	if cur, err := i.store.LookupIP(addr); err == nil && cur.Node == n.name && !cur.CrossSubnet {
+	cur, err := i.store.LookupIP(addr)
+	onNode := err == nil && cur.Node == n.name
+	if onNode && !cur.CrossSubnet {
 		if cur.State == datastore.StateAssigned && cur.Owner.Pod() == pod {
 			if _, err := i.store.Release(n.name, addr, cur.Owner.ContainerID, i.deps.Clock.Now()); err != nil {
 				i.log.Warn("could not return a PSTS address to the pool", "node", n.name, "ip", addr, "err", err)
@@ -56,7 +58,7 @@ func (i *IPAM) freePSTSAddress(ctx context.Context, n *node, wep *cce.WorkloadEn
 		return
 	}
 	eniID := wep.Spec.ENIID
-	if cur, err := i.store.LookupIP(addr); err == nil && cur.Node == n.name {
+	if onNode {
 		eniID = cur.ENIID
 	}
 	_, claimed := i.claimOf(addr, pod)

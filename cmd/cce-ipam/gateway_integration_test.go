@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
@@ -62,22 +61,7 @@ func TestBinaries_ReferenceArgsThroughCCEGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	eni, err := client.CreateENI(ctx, cloud.CreateENIRequest{Name: "cce-gw/node-gw", SubnetID: "sbn-gw",
-		SecurityGroupIDs: []string{"g-sim"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := client.AttachENI(ctx, eni, "i-gw-0"); err != nil {
-		t.Fatal(err)
-	}
-	kube := kubernetes.NewForConfigOrDie(cp.Config)
-	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: "node-gw"},
-		Spec:       corev1.NodeSpec{ProviderID: "cce://i-gw-0"},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = kube.CoreV1().Nodes().Delete(context.Background(), "node-gw", metav1.DeleteOptions{}) })
+	kube, _ := nodeWithENI(t, ctx, client, "gw")
 
 	expiredAt := strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)
 	setSecret := func(tok string) {

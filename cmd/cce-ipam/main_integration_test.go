@@ -117,26 +117,7 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	eni, err := client.CreateENI(ctx, cloud.CreateENIRequest{
-		Name:             "cce-bin/node-bin",
-		SubnetID:         "sbn-bin",
-		SecurityGroupIDs: []string{"g-sim"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := client.AttachENI(ctx, eni, "i-bin-0"); err != nil {
-		t.Fatal(err)
-	}
-	kube := kubernetes.NewForConfigOrDie(cp.Config)
-	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: "node-bin"},
-		Spec:       corev1.NodeSpec{ProviderID: "cce://i-bin-0"},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// Other tests of this package share the API server: leave no node behind.
-	t.Cleanup(func() { _ = kube.CoreV1().Nodes().Delete(context.Background(), "node-bin", metav1.DeleteOptions{}) })
+	kube, eni := nodeWithENI(t, ctx, client, "bin")
 	ns := cp.Namespace(t)
 	if _, err := kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},
@@ -307,4 +288,33 @@ func httpGet(t *testing.T, url string) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return fmt.Sprint(string(b))
+}
+
+// nodeWithENI makes node-<name> on instance i-<name>-0 with one ENI of
+// subnet sbn-<name> attached (in bce-sim, through client), and returns the
+// admin clientset and the ENI's ID. Other tests of this package share the API server: the
+// node is deleted when the test ends.
+func nodeWithENI(t *testing.T, ctx context.Context, client *cloud.Client, name string) (kubernetes.Interface, string) {
+	t.Helper()
+	node, instance := "node-"+name, "i-"+name+"-0"
+	eni, err := client.CreateENI(ctx, cloud.CreateENIRequest{
+		Name:             "cce-" + name + "/" + node,
+		SubnetID:         "sbn-" + name,
+		SecurityGroupIDs: []string{"g-sim"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.AttachENI(ctx, eni, instance); err != nil {
+		t.Fatal(err)
+	}
+	kube := kubernetes.NewForConfigOrDie(cp.Config)
+	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: node},
+		Spec:       corev1.NodeSpec{ProviderID: "cce://" + instance},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = kube.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	return kube, eni
 }

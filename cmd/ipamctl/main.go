@@ -18,11 +18,9 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
 	"net/url"
 	"os"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -64,7 +62,7 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	if err := run(ctx, os.Stdout, *server, *output, fs.Args()); err != nil {
+	if err := run(ctx, os.Stdout, newDirectClient(*server), *output, fs.Args()); err != nil {
 		fmt.Fprintf(os.Stderr, "ipamctl: %v\n", err)
 		os.Exit(1)
 	}
@@ -77,12 +75,9 @@ func envOr(k, d string) string {
 	return d
 }
 
-func run(ctx context.Context, w io.Writer, server, output string, args []string) error {
+func run(ctx context.Context, w io.Writer, c *client, output string, args []string) error {
 	if len(args) == 0 {
 		return errors.New("no command; see ipamctl --help")
-	}
-	if !strings.Contains(server, "://") {
-		server = "http://" + server
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
@@ -91,7 +86,7 @@ func run(ctx context.Context, w io.Writer, server, output string, args []string)
 			return fmt.Errorf("%s takes no arguments", cmd)
 		}
 		var st shard.Status
-		if err := get(ctx, server+"/shard/status", &st); err != nil {
+		if err := c.get(ctx, "/shard/status", &st); err != nil {
 			return err
 		}
 		if output == "json" {
@@ -103,7 +98,7 @@ func run(ctx context.Context, w io.Writer, server, output string, args []string)
 			return fmt.Errorf("%s takes one node name", cmd)
 		}
 		var ns shard.NodeStatus
-		if err := get(ctx, server+"/shard/node?name="+url.QueryEscape(rest[0]), &ns); err != nil {
+		if err := c.get(ctx, "/shard/node?name="+url.QueryEscape(rest[0]), &ns); err != nil {
 			return err
 		}
 		if cmd == "owner" {
@@ -115,29 +110,6 @@ func run(ctx context.Context, w io.Writer, server, output string, args []string)
 		return printNode(w, ns)
 	}
 	return fmt.Errorf("unknown command %q; see ipamctl --help", cmd)
-}
-
-func get(ctx context.Context, u string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s: %s", u, resp.Status, strings.TrimSpace(string(body)))
-	}
-	if err := json.Unmarshal(body, out); err != nil {
-		return fmt.Errorf("%s: not a replica's answer: %w", u, err)
-	}
-	return nil
 }
 
 func writeJSON(w io.Writer, v any) error {

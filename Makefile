@@ -80,15 +80,28 @@ clean:
 IMAGE       ?= cce-ipam:$(shell awk '/^appVersion:/ {gsub(/"/, "", $$2); print $$2}' charts/cce-ipam/Chart.yaml)
 IMAGE_SIM   ?= cce-ipam-bce-sim:$(lastword $(subst :, ,$(IMAGE)))
 CHART       := charts/cce-ipam
-.PHONY: image chart-docs helm-lint
+.PHONY: image image-context chart-docs helm-lint
 
-## image: build the cce-ipam image (and bce-sim's, for kind e2e) with docker or podman.
-image:
+## image-context: the static binaries (linux, GOARCH of the host unless set) and the CA bundle the
+## Dockerfile copies, in bin/image/. No base image is pulled: the images are FROM scratch.
+IMAGE_CONTEXT := $(BIN)/image
+CA_BUNDLE     ?= /etc/ssl/certs/ca-certificates.crt
+image-context:
+	@[ -r "$(CA_BUNDLE)" ] || { echo "make image: no CA bundle at $(CA_BUNDLE) (install ca-certificates or set CA_BUNDLE)" >&2; exit 1; }
+	@mkdir -p $(IMAGE_CONTEXT)
+	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -buildvcs=auto \
+		-ldflags="-s -w -X main.version=$(lastword $(subst :, ,$(IMAGE)))" \
+		-o $(IMAGE_CONTEXT)/ ./cmd/cce-ipam ./cmd/bce-sim ./cmd/ipamctl
+	cp $(CA_BUNDLE) $(IMAGE_CONTEXT)/ca-certificates.crt
+	cp Dockerfile $(IMAGE_CONTEXT)/Dockerfile
+
+## image: build the cce-ipam image (with ipamctl) and bce-sim's, for kind e2e, with docker or podman.
+image: image-context
 	@engine=$$(command -v docker || command -v podman || true); \
 	if [ -z "$$engine" ]; then echo "make image: neither docker nor podman is installed; install one to build $(IMAGE)" >&2; exit 1; fi; \
 	if ! "$$engine" info >/dev/null 2>&1; then echo "make image: $$engine is installed but cannot reach its daemon/runtime ($$engine info failed)" >&2; exit 1; fi; \
-	"$$engine" build --target cce-ipam --build-arg VERSION=$(lastword $(subst :, ,$(IMAGE))) -t $(IMAGE) . && \
-	"$$engine" build --target bce-sim -t $(IMAGE_SIM) .
+	"$$engine" build --target cce-ipam -t $(IMAGE) $(IMAGE_CONTEXT) && \
+	"$$engine" build --target bce-sim -t $(IMAGE_SIM) $(IMAGE_CONTEXT)
 
 ## chart-docs: regenerate the values table of charts/cce-ipam/README.md from values.yaml.
 chart-docs:

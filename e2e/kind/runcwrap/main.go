@@ -1,0 +1,181 @@
+// Command runcwrap is an OCI runtime that removes one capability from every
+// container process and then runs the real runc with the same arguments.
+//
+// Why: kind runs every node as `docker run --privileged`, and privileged asks
+// for every capability. On a machine whose capability bounding set lacks one
+// (CAP_SYS_RESOURCE on some CI sandboxes), runc then fails with "unable to
+// apply caps: operation not permitted". Registered with
+// `dockerd --add-runtime kind-runc=/path/runcwrap --default-runtime kind-runc`,
+// it edits the capability lists of the bundle's config.json on create/run and
+// of the --process file on exec, and nothing else. e2e/kind/dockerd.sh
+// registers it only when a probe shows privileged containers failing.
+//
+// Environment: RUNCWRAP_RUNC (the real runc, default "runc" on PATH) and
+// RUNCWRAP_DROP (comma-separated capability names, default CAP_SYS_RESOURCE).
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	real := os.Getenv("RUNCWRAP_RUNC")
+	if real == "" {
+		real = "runc"
+	}
+	path, err := exec.LookPath(real)
+	if err != nil {
+		fail(fmt.Errorf("runcwrap: real runc %q: %w", real, err))
+	}
+	drop := []string{"CAP_SYS_RESOURCE"}
+	if v := os.Getenv("RUNCWRAP_DROP"); v != "" {
+		drop = strings.Split(v, ",")
+	}
+	args := os.Args[1:]
+	if file, isProcess := target(args); file != "" {
+		if err := dropCaps(file, isProcess, drop); err != nil {
+			fail(fmt.Errorf("runcwrap: %s: %w", file, err))
+		}
+	}
+	// exec, not a child: runc's exit status, signals and stdio stay the
+	// caller's, as if the real runc had been called.
+	if err := syscall.Exec(path, append([]string{path}, args...), os.Environ()); err != nil {
+		fail(fmt.Errorf("runcwrap: exec %s: %w", path, err))
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, err)
+	os.Exit(1)
+}
+
+// target finds the file whose capabilities the command will apply: the
+// bundle's config.json for create and run, the --process file for exec.
+// Global flags come before the command; its own flags after it.
+func target(args []string) (file string, isProcess bool) {
+	cmd := -1
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "-") {
+			cmd = i
+			break
+		}
+		if takesValue(a) {
+			i++
+		}
+	}
+	if cmd < 0 {
+		return "", false
+	}
+	rest := args[cmd+1:]
+	switch args[cmd] {
+	case "create", "run":
+		bundle := flagValue(rest, "bundle", "b")
+		if bundle == "" {
+			bundle = "."
+		}
+		return filepath.Join(bundle, "config.json"), false
+	case "exec":
+		if p := flagValue(rest, "process", "p"); p != "" {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// takesValue tells the global flags of runc that take a separate value.
+func takesValue(flag string) bool {
+	if strings.Contains(flag, "=") {
+		return false
+	}
+	switch strings.TrimLeft(flag, "-") {
+	case "log", "log-format", "root", "criu", "rootless":
+		return true
+	}
+	return false
+}
+
+// flagValue returns the value of --name/-short in "--name v", "--name=v",
+// "-short v" form.
+func flagValue(args []string, name, short string) string {
+	for i, a := range args {
+		for _, n := range []string{"--" + name, "-" + name, "-" + short} {
+			if a == n && i+1 < len(args) {
+				return args[i+1]
+			}
+			if v, ok := strings.CutPrefix(a, n+"="); ok {
+				return v
+			}
+		}
+	}
+	return ""
+}
+
+// dropCaps rewrites file without the capabilities in drop, keeping every
+// other field as it was (unknown fields included: the JSON is edited as a
+// generic document, not through a struct that would lose them).
+func dropCaps(file string, isProcess bool, drop []string) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(data, &doc); err != nil {
+		return err
+	}
+	proc := doc
+	if !isProcess {
+		p, ok := doc["process"].(map[string]any)
+		if !ok {
+			return nil
+		}
+		proc = p
+	}
+	caps, ok := proc["capabilities"].(map[string]any)
+	if !ok {
+		return nil
+	}
+	changed := false
+	for set, v := range caps {
+		list, ok := v.([]any)
+		if !ok {
+			continue
+		}
+		kept := list[:0:0]
+		for _, c := range list {
+			if s, ok := c.(string); ok && contains(drop, s) {
+				changed = true
+				continue
+			}
+			kept = append(kept, c)
+		}
+		caps[set] = kept
+	}
+	if !changed {
+		return nil
+	}
+	out, err := json.Marshal(doc)
+	if err != nil {
+		return err
+	}
+	info, err := os.Stat(file)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, out, info.Mode().Perm())
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -23,7 +23,7 @@ set -euo pipefail
 cmd=${1:-}
 bin_dir=$(mkdir -p "${2:?usage: dockerd.sh start|stop|host BIN_DIR}" && cd "$2" && pwd)
 root=$(cd "$(dirname "$0")/../.." && pwd)
-state=$bin_dir/kind/dockerd
+state=$bin_dir/kindenv/dockerd
 # Sockets have a 108-byte path limit: the runtime state lives under /run.
 run=/run/cce-kind-$(printf '%s' "$bin_dir" | sha256sum | cut -c1-8)
 sock=$run/docker.sock
@@ -32,22 +32,6 @@ log() { echo "dockerd.sh: $*" >&2; }
 
 running() {
 	[ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null && DOCKER_HOST=unix://$sock docker version >/dev/null 2>&1
-}
-
-# missing_caps prints the capabilities the bounding set lacks that
-# privileged containers ask for (CAP_SYS_RESOURCE is bit 24).
-missing_caps() {
-	local bnd out="" names=(CAP_CHOWN CAP_DAC_OVERRIDE CAP_DAC_READ_SEARCH CAP_FOWNER CAP_FSETID CAP_KILL CAP_SETGID
-		CAP_SETUID CAP_SETPCAP CAP_LINUX_IMMUTABLE CAP_NET_BIND_SERVICE CAP_NET_BROADCAST CAP_NET_ADMIN CAP_NET_RAW
-		CAP_IPC_LOCK CAP_IPC_OWNER CAP_SYS_MODULE CAP_SYS_RAWIO CAP_SYS_CHROOT CAP_SYS_PTRACE CAP_SYS_PACCT
-		CAP_SYS_ADMIN CAP_SYS_BOOT CAP_SYS_NICE CAP_SYS_RESOURCE CAP_SYS_TIME CAP_SYS_TTY_CONFIG CAP_MKNOD CAP_LEASE
-		CAP_AUDIT_WRITE CAP_AUDIT_CONTROL CAP_SETFCAP CAP_MAC_OVERRIDE CAP_MAC_ADMIN CAP_SYSLOG CAP_WAKE_ALARM
-		CAP_BLOCK_SUSPEND CAP_AUDIT_READ CAP_PERFMON CAP_BPF CAP_CHECKPOINT_RESTORE)
-	bnd=$((16#$(awk '/^CapBnd:/ {print $2}' /proc/self/status)))
-	for i in "${!names[@]}"; do
-		(((bnd >> i) & 1)) || out+="${out:+,}${names[$i]}"
-	done
-	echo "$out"
 }
 
 start_daemon() {
@@ -118,19 +102,18 @@ start)
 	fi
 	probe_image
 	if ! privileged_works; then
-		missing=$(missing_caps)
-		log "privileged containers fail here ($(tr '\n' ' ' <"$state/probe.err")); the capability bounding set lacks: ${missing:-nothing?}"
-		log "restarting dockerd with runcwrap as the default runtime: it drops ${missing} from every container"
-		mkdir -p "$bin_dir/kind"
-		CGO_ENABLED=0 go build -C "$root" -o "$bin_dir/kind/runcwrap" ./e2e/kind/runcwrap
+		log "privileged containers fail here: $(tr '\n' ' ' <"$state/probe.err")"
+		log "restarting dockerd with runcwrap as the default runtime: it drops from every container the capabilities this machine's bounding set lacks ($(awk '/^CapBnd:/ {print $2}' /proc/self/status))"
+		mkdir -p "$bin_dir/kindenv"
+		CGO_ENABLED=0 go build -C "$root" -o "$bin_dir/kindenv/runcwrap" ./e2e/kind/runcwrap
 		stop_daemon
 		# dockerd passes the runtime no environment of ours: a wrapper script carries it.
-		cat >"$bin_dir/kind/runcwrap.sh" <<SH
+		cat >"$bin_dir/kindenv/runcwrap.sh" <<SH
 #!/bin/sh
-RUNCWRAP_DROP=$missing RUNCWRAP_RUNC=$(command -v runc) exec "$bin_dir/kind/runcwrap" "\$@"
+RUNCWRAP_RUNC=$(command -v runc) exec "$bin_dir/kindenv/runcwrap" "\$@"
 SH
-		chmod +x "$bin_dir/kind/runcwrap.sh"
-		start_daemon --add-runtime "kind-runc=$bin_dir/kind/runcwrap.sh" --default-runtime kind-runc
+		chmod +x "$bin_dir/kindenv/runcwrap.sh"
+		start_daemon --add-runtime "kind-runc=$bin_dir/kindenv/runcwrap.sh" --default-runtime kind-runc
 		privileged_works || { log "privileged containers still fail: $(cat "$state/probe.err")"; exit 1; }
 		log "privileged containers work through runcwrap"
 	fi

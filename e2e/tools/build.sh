@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the pinned test tools into a bin directory from the Go module proxy.
 # Usage: e2e/tools/build.sh BIN_DIR [TOOL...]   (TOOL: etcd kube helm lint; default all)
+#        e2e/tools/build.sh BIN_DIR kind kindnode   (the kind path's tools, #23: not in the default set)
 #
 # Each tool's version is read from its own tools module's go.mod, so that file
 # is the single pin. A tool whose recorded version (BIN_DIR/.versions/NAME)
@@ -42,7 +43,9 @@ build() {
 	local start=$SECONDS
 	rm -f "$stamp"
 	for spec in "$@"; do
-		(cd "$dir" && go build -ldflags "${ldflags//@VERSION@/$version}" -o "$bin_dir/${spec%%=*}" "${spec#*=}")
+		mkdir -p "$(dirname "$bin_dir/${spec%%=*}")"
+		# build_env: CGO_ENABLED=0 for the binaries that go into FROM-scratch images.
+		(cd "$dir" && env ${build_env:-} go build -ldflags "${ldflags//@VERSION@/$version}" -o "$bin_dir/${spec%%=*}" "${spec#*=}")
 	done
 	echo "$module@$version recipe=$recipe" >"$stamp"
 	echo "tools: built $name in $((SECONDS - start))s"
@@ -73,6 +76,22 @@ for t in "${want[@]}"; do
 		helm=helm.sh/helm/v3/cmd/helm ;;
 	lint) build golangci-lint "$tools_dir/golangci-lint" github.com/golangci/golangci-lint/v2 "-X main.version=@VERSION@" \
 		golangci-lint=github.com/golangci/golangci-lint/v2/cmd/golangci-lint ;;
-	*) echo "unknown tool $t (want etcd, kube, helm or lint)" >&2; exit 2 ;;
+	kind) build kind "$tools_dir/kind" sigs.k8s.io/kind "" kind=sigs.k8s.io/kind ;;
+	# The kind node image's binaries, static, in bin/kindnode/ (e2e/kind/images.sh makes images of them).
+	kindnode)
+		build_env=CGO_ENABLED=0
+		build kindnode-kube "$tools_dir/kubenode" k8s.io/kubernetes "$(kube_ldflags "$(pinned "$tools_dir/kubenode" k8s.io/kubernetes)")" \
+			kindnode/kubelet=k8s.io/kubernetes/cmd/kubelet \
+			kindnode/kubeadm=k8s.io/kubernetes/cmd/kubeadm \
+			kindnode/kubectl=k8s.io/kubernetes/cmd/kubectl \
+			kindnode/kube-proxy=k8s.io/kubernetes/cmd/kube-proxy \
+			kindnode/kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
+			kindnode/kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+			kindnode/kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager
+		build kindnode-etcd "$tools_dir/etcd" go.etcd.io/etcd/server/v3 "" kindnode/etcd=go.etcd.io/etcd/server/v3
+		build kindnode-coredns "$tools_dir/coredns" github.com/coredns/coredns "" kindnode/coredns=github.com/coredns/coredns
+		build_env=
+		;;
+	*) echo "unknown tool $t (want etcd, kube, helm, lint, kind or kindnode)" >&2; exit 2 ;;
 	esac
 done

@@ -11,7 +11,10 @@
 // registers it only when a probe shows privileged containers failing.
 //
 // Environment: RUNCWRAP_RUNC (the real runc, default "runc" on PATH) and
-// RUNCWRAP_DROP (comma-separated capability names, default CAP_SYS_RESOURCE).
+// RUNCWRAP_DROP (comma-separated capability names; default: every capability
+// missing from runcwrap's own bounding set, so the same binary serves the
+// host's dockerd and the kind node's containerd, whose bounding set is the
+// node container's).
 package main
 
 import (
@@ -20,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -33,9 +37,17 @@ func main() {
 	if err != nil {
 		fail(fmt.Errorf("runcwrap: real runc %q: %w", real, err))
 	}
-	drop := []string{"CAP_SYS_RESOURCE"}
+	var drop []string
 	if v := os.Getenv("RUNCWRAP_DROP"); v != "" {
 		drop = strings.Split(v, ",")
+	} else {
+		status, err := os.ReadFile("/proc/self/status")
+		if err != nil {
+			fail(fmt.Errorf("runcwrap: %w", err))
+		}
+		if drop, err = missingCaps(string(status)); err != nil {
+			fail(fmt.Errorf("runcwrap: /proc/self/status: %w", err))
+		}
 	}
 	args := os.Args[1:]
 	if file, isProcess := target(args); file != "" {
@@ -169,6 +181,38 @@ func dropCaps(file string, isProcess bool, drop []string) error {
 		return err
 	}
 	return os.WriteFile(file, out, info.Mode().Perm())
+}
+
+// capNames are the capabilities by bit number (linux/capability.h).
+var capNames = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
+	"CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE", "CAP_NET_BIND_SERVICE",
+	"CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE",
+	"CAP_SYS_RAWIO", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT",
+	"CAP_SYS_NICE", "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
+	"CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG",
+	"CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE"}
+
+// missingCaps names the known capabilities whose bit is clear in the
+// CapBnd line of a /proc/PID/status text.
+func missingCaps(status string) ([]string, error) {
+	for _, line := range strings.Split(status, "\n") {
+		v, ok := strings.CutPrefix(line, "CapBnd:")
+		if !ok {
+			continue
+		}
+		bnd, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		if err != nil {
+			return nil, fmt.Errorf("CapBnd %q: %w", strings.TrimSpace(v), err)
+		}
+		var out []string
+		for i, name := range capNames {
+			if bnd&(1<<i) == 0 {
+				out = append(out, name)
+			}
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("no CapBnd line")
 }
 
 func contains(list []string, s string) bool {

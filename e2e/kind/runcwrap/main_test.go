@@ -121,3 +121,18 @@ func read(t *testing.T, file string) map[string]any {
 	}
 	return m
 }
+
+func TestMissingCaps(t *testing.T) {
+	got, err := missingCaps("Name:\tx\nCapBnd:\t000001fffeffffff\nCapAmb:\t0\n")
+	if err != nil || !slices.Equal(got, []string{"CAP_SYS_RESOURCE"}) {
+		t.Errorf("this machine's CapBnd: %v, %v; want [CAP_SYS_RESOURCE]", got, err)
+	}
+	if got, err := missingCaps("CapBnd:\t000001ffffffffff\n"); err != nil || len(got) != 0 {
+		t.Errorf("full set: %v, %v; want none", got, err)
+	}
+	for _, bad := range []string{"", "CapBnd:\tzz\n", "CapEff:\t0\n"} {
+		if _, err := missingCaps(bad); err == nil {
+			t.Errorf("missingCaps(%q): no error", bad)
+		}
+	}
+}

@@ -52,6 +52,7 @@ import (
 	"github.com/cce-ipam/sharded/ipamcore/subnet"
 	"github.com/cce-ipam/sharded/ipamcore/webhook"
 	"github.com/cce-ipam/sharded/membership"
+	"github.com/cce-ipam/sharded/operator"
 	"github.com/cce-ipam/sharded/shard"
 )
 
@@ -206,6 +207,7 @@ type replica struct {
 	webhook    *webhook.Server // nil unless --webhook-enabled
 	coord      *shard.Coordinator
 	forwarder  *shard.Forwarder
+	auth       *shard.Authenticator // the forward key's: forwarded calls and operator calls
 	router     *shard.Router
 	grpc       *grpc.Server
 	health     *health.Server // grpc.health.v1, following readiness
@@ -344,7 +346,7 @@ func newReplica(o options, log *slog.Logger) (_ *replica, err error) {
 	if err := r.newShard(o, clients, self, addrs, fence, reg); err != nil {
 		return nil, err
 	}
-	r.newServers(o, leaderName, reg)
+	r.newServers(o, clients, leaderName, reg)
 	r.log.Info("cce-ipam starting", "version", version, "grpc", r.grpcLis.Addr().String(),
 		"metrics", r.metricsLis.Addr().String(), "advertise", addrs, "namespace", o.shard.Namespace)
 	return r, nil
@@ -415,10 +417,11 @@ func (r *replica) newShard(o options, clients kubeClients, self string, addrs sh
 	if err != nil {
 		return err
 	}
+	r.auth = shard.NewAuthenticator(key)
 	r.forwarder = shard.NewForwarder(shard.ForwarderDeps{
 		Self:      self,
 		Routes:    fence,
-		Auth:      shard.NewAuthenticator(key),
+		Auth:      r.auth,
 		OwnerWait: o.shard.OwnerWait,
 	}, r.log.With("component", "router"), reg)
 	r.core, err = ipam.New(o.ipam, ipam.Deps{
@@ -514,11 +517,12 @@ func forwardKey(o options, log *slog.Logger) ([]byte, error) {
 }
 
 // newServers builds the CNI gRPC server (behind the router) and the HTTP
-// server of /metrics, the probes and /shard/.
-func (r *replica) newServers(o options, leaderName *atomic.Value, reg *prometheus.Registry) {
+// server of /metrics, the probes, /shard/ and the operator calls /admin/
+// (which call the same CNI service in-process).
+func (r *replica) newServers(o options, clients kubeClients, leaderName *atomic.Value, reg *prometheus.Registry) {
 	r.grpc = grpc.NewServer(grpc.UnaryInterceptor(r.router.UnaryInterceptor))
-	rpc.RegisterCNIBackendServer(r.grpc, cni.NewServer(o.cni, r.router, r.log.With("component", "cni"), reg,
-		cni.WithForwarded(shard.Forwarded)))
+	cniServer := cni.NewServer(o.cni, r.router, r.log.With("component", "cni"), reg, cni.WithForwarded(shard.Forwarded))
+	rpc.RegisterCNIBackendServer(r.grpc, cniServer)
 	r.health = health.NewServer()
 	for _, svc := range healthServices {
 		r.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING) // until runHealth finds it ready
@@ -536,6 +540,13 @@ func (r *replica) newServers(o options, leaderName *atomic.Value, reg *prometheu
 	}
 	leader := func() (string, bool) { return leaderName.Load().(string), r.elector.IsLeader() }
 	mux.Handle("/shard/", r.coord.StatusHandler(leader, func(node string) (any, error) { return r.core.Stats(node) }))
+	mux.Handle("/admin/", operator.NewHandler(operator.Deps{
+		Auth: r.auth,
+		CNI:  cniServer,
+		Kube: clients.kube,
+		CCE:  clients.cce,
+		Self: r.members.Name(),
+	}, r.log.With("component", "operator")))
 	r.http = &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,

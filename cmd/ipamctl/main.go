@@ -37,7 +37,7 @@ commands:
   ring            partitions and nodes per replica (ring wish and held claims)
   owner NODE      the partition and owner of a node
   node NODE       the owner of a node and its pool (asked of the owner)
-
+` + adminUsage + `
 flags:
 `
 
@@ -46,6 +46,7 @@ func main() {
 	server := fs.String("server", envOr("IPAMCTL_SERVER", "http://127.0.0.1:9998"), "any replica's metrics address (also $IPAMCTL_SERVER)")
 	output := fs.StringP("output", "o", "table", "output format: table or json")
 	timeout := fs.Duration("timeout", 10*time.Second, "request timeout")
+	admin := registerAdminFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprint(os.Stderr, usage)
 		fs.PrintDefaults()
@@ -62,7 +63,7 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	if err := run(ctx, os.Stdout, newDirectClient(*server), *output, fs.Args()); err != nil {
+	if err := run(ctx, os.Stdout, newDirectClient(*server), *output, admin, fs.Args()); err != nil {
 		fmt.Fprintf(os.Stderr, "ipamctl: %v\n", err)
 		os.Exit(1)
 	}
@@ -75,7 +76,7 @@ func envOr(k, d string) string {
 	return d
 }
 
-func run(ctx context.Context, w io.Writer, c *client, output string, args []string) error {
+func run(ctx context.Context, w io.Writer, c *client, output string, admin *adminOptions, args []string) error {
 	if len(args) == 0 {
 		return errors.New("no command; see ipamctl --help")
 	}
@@ -108,6 +109,8 @@ func run(ctx context.Context, w io.Writer, c *client, output string, args []stri
 			return writeJSON(w, ns)
 		}
 		return printNode(w, ns)
+	case "allocate", "release":
+		return runAdmin(ctx, w, c, output, admin, cmd, rest)
 	}
 	return fmt.Errorf("unknown command %q; see ipamctl --help", cmd)
 }

@@ -331,6 +331,12 @@ func writeKey(dir, name string) (string, error) {
 	return path, os.WriteFile(path, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600)
 }
 
+// ForwardKeyFile is the forward key file the replicas are started with
+// (base64 text, the format of the chart Secret's forward-key), for a client
+// that signs operator calls (ipamctl allocate/release); empty for an
+// external fleet.
+func (f *Fleet) ForwardKeyFile() string { return f.forwardKey }
+
 // Options returns the options the fleet runs with, defaults filled in.
 func (f *Fleet) Options() Options { return f.opts }
 

@@ -342,7 +342,7 @@ var notExercised = map[string]string{
 	"cce.io podsubnettopologyspreadtables/status update": "spread/table.go: the PSTT status (no PSTT in the fleet)",
 	"cce.io workloadendpoints patch":                     "ipam/fencing.go stampKnownWEP: a fixed-IP wep kept on release (no StatefulSet in the fleet)",
 	"core events create": "the event recorder (CreateNewENI, AllocateIPFailed, GC events), asynchronous: " +
-		"a short run may stop before one is sent",
+		"a short run may stop before one is sent; the operator calls' Events (package operator, no ipamctl in the fleet)",
 	"core events patch":   "client-go's event recorder: a repeated event's count",
 	"core secrets update": "webhook certificate renewal; completing a key Secret without forward-key",
 }

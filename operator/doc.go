@@ -26,7 +26,11 @@
 // Secret may make operator calls, and that Secret's RBAC is the gate. The
 // user name in a request is asserted by ipamctl (the API server's
 // SelfSubjectReview when a kubeconfig is at hand, else $USER@host), not
-// proven: it is recorded as such, as the words of a key holder.
+// proven: it is recorded as such, as the words of a key holder. The port is
+// plain HTTP: someone who captures a request can replay it for the 30 s the
+// timestamp is accepted, no longer, and change nothing in it. A replayed
+// allocate is a repeated ADD of the same sandbox; a replayed release frees
+// only what that same sandbox holds then.
 //
 //	h := operator.NewHandler(operator.Deps{Auth: auth, CNI: cniServer, Kube: kube, CCE: cce, Self: self}, log)
 //	mux.Handle("/admin/", h)

@@ -31,7 +31,9 @@ import (
 // once), the pod gets Events naming the user and the reason, and a request
 // without a valid signature changes nothing.
 func TestAdmin_AllocateRelease(t *testing.T) {
-	e := startShards(t, fleet.Options{Name: "admin", Replicas: 3}, 6)
+	// No GC pass during the test: the release of a deleted pod's IP below
+	// must find its wep still there.
+	e := startShards(t, fleet.Options{Name: "admin", Replicas: 3, ReplicaArgs: []string{"--gc-period", "1h"}}, 6)
 	holders, _ := e.settle(90 * time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -154,6 +156,28 @@ func TestAdmin_AllocateRelease(t *testing.T) {
 	}
 	e.wantEvent(ctx, pod, operator.ReasonReleased, user, "cleanup", ans.IP, "sandbox-"+pod, e.memberName(entry))
 
+	// The IP of a pod deleted without its DEL: the release's Event goes on
+	// its wep, the object left.
+	gone, err := e.newPod(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := ipamctl("--forward-key-file", keyFile, "allocate", e.ns+"/"+gone); err != nil {
+		t.Fatalf("ipamctl allocate: %v: %s", err, stderr)
+	}
+	if err := e.Kube.CoreV1().Pods(e.ns).Delete(ctx, gone, *metav1.NewDeleteOptions(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := ipamctl("--forward-key-file", keyFile, "release", e.ns+"/"+gone, "--reason", "pod gone"); err != nil {
+		t.Fatalf("ipamctl release of a deleted pod's IP: %v: %s", err, stderr)
+	}
+	e.wantEvent(ctx, gone, operator.ReasonReleased, user, "pod gone")
+	for _, ev := range e.events(ctx, gone) {
+		if ev.Reason == operator.ReasonReleased && ev.InvolvedObject.Kind != "WorkloadEndpoint" {
+			t.Errorf("the release of a deleted pod's IP is recorded on a %s, want its WorkloadEndpoint", ev.InvolvedObject.Kind)
+		}
+	}
+
 	// Unsigned, forged or altered requests are refused and change nothing.
 	pod2, err := e.newPod(ctx, node)
 	if err != nil {
@@ -185,8 +209,8 @@ func TestAdmin_AllocateRelease(t *testing.T) {
 	if _, err := e.CCE.CceV1alpha1().WorkloadEndpoints(e.ns).Get(ctx, pod2, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("a refused request made a wep: %v", err)
 	}
-	if n := e.metric(owner, "cce_ipam_allocations_total", nil); n != 2 {
-		t.Errorf("the owner counts %v allocations, want 2 (the operator's and the sandbox's)", n)
+	if n := e.metric(owner, "cce_ipam_allocations_total", nil); n != 3 {
+		t.Errorf("the owner counts %v allocations, want 3 (the operator's two and the sandbox's)", n)
 	}
 	if evs := e.events(ctx, pod2); len(evs) != 0 {
 		t.Errorf("refused requests left Events on %s: %v", pod2, evs)

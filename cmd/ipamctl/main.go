@@ -1,14 +1,20 @@
 // Command ipamctl asks any cce-ipam replica about the sharded cluster: its
 // members, the leader, the ring (partitions and nodes per replica), the owner
-// of a node and that node's pool.
+// of a node and that node's pool; `check` is the health verdict of the
+// chart's helm test hook.
 //
 //	ipamctl --server http://10.0.0.5:9998 members
-//	ipamctl ring
+//	ipamctl ring                                # through the API server
+//	kubectl ipam ring -n kube-system            # the same, as a kubectl plugin
 //	ipamctl owner node-10-0-1-7
 //	ipamctl node node-10-0-1-7 --output json
+//	ipamctl check --replicas 3
 //
 // It reads the replica's /shard/status and /shard/node endpoints (on the
-// metrics port); a node query is passed on to the node's owner.
+// metrics port); a node query is passed on to the node's owner. With
+// --server it reaches that replica directly; without, it goes through the
+// API server's service proxy to the release's peers Service, with the
+// kubeconfig kubectl would use (client.go).
 package main
 
 import (
@@ -20,16 +26,22 @@ import (
 	"maps"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/cce-ipam/sharded/shard"
 )
 
-const usage = `usage: ipamctl [flags] <command> [args]
+// usage is the help text; %[1]s is the name the command was called by
+// ("ipamctl", or "kubectl ipam" as a kubectl plugin).
+const usage = `usage: %[1]s [flags] <command> [args]
 
 commands:
   status          the replica's view: self, leader, lease, readiness, budget share
@@ -37,18 +49,43 @@ commands:
   ring            partitions and nodes per replica (ring wish and held claims)
   owner NODE      the partition and owner of a node
   node NODE       the owner of a node and its pool (asked of the owner)
+  check           exit 0 iff all replicas are live members and every partition is held
+                  (--replicas N: the number of replicas that must be live members)
 ` + adminUsage + `
+Without --server (or $IPAMCTL_SERVER), %[1]s goes through the API server's service
+proxy, with the kubeconfig kubectl would use (--kubeconfig, $KUBECONFIG, ~/.kube/config,
+else the pod's in-cluster config), to the metrics port of the chart's peers Service
+(<release fullname>-peers; the default matches a release named cce-ipam). It needs RBAC
+get on services/proxy of that Service (create for commands that POST).
+
+As a kubectl plugin: copy or link the binary as kubectl-ipam on your PATH, then
+  kubectl ipam ring -n kube-system --service my-release-cce-ipam-peers
+
 flags:
 `
 
+// defaultService is the peers Service of a release named cce-ipam (the
+// chart's fullname is then "cce-ipam").
+const defaultService = "cce-ipam-peers"
+
 func main() {
-	fs := pflag.NewFlagSet("ipamctl", pflag.ContinueOnError)
-	server := fs.String("server", envOr("IPAMCTL_SERVER", "http://127.0.0.1:9998"), "any replica's metrics address (also $IPAMCTL_SERVER)")
+	name := commandName(os.Args[0])
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	server := fs.String("server", os.Getenv("IPAMCTL_SERVER"),
+		"a replica's metrics address, e.g. http://10.0.0.5:9998, reached directly (also $IPAMCTL_SERVER); "+
+			"empty: through the API server")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)")
+	kubeContext := fs.String("context", "", "the kubeconfig context to use (default: its current context)")
+	namespace := fs.StringP("namespace", "n", "kube-system", "the namespace of the cce-ipam release")
+	service := fs.String("service", defaultService,
+		"the release's peers Service: <fullname>-peers, where fullname is the release name if it contains "+
+			"\"cce-ipam\", else <release>-cce-ipam (or fullnameOverride)")
 	output := fs.StringP("output", "o", "table", "output format: table or json")
 	timeout := fs.Duration("timeout", 10*time.Second, "request timeout")
 	admin := registerAdminFlags(fs)
+	replicas := fs.Int("replicas", 0, "check: the number of replicas that must be live members (0: as many as the answering replica knows)")
 	fs.Usage = func() {
-		fmt.Fprint(os.Stderr, usage)
+		fmt.Fprintf(os.Stderr, usage, name)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -58,30 +95,77 @@ func main() {
 		os.Exit(2)
 	}
 	if *output != "table" && *output != "json" {
-		fmt.Fprintf(os.Stderr, "ipamctl: --output must be table or json, not %q\n", *output)
+		fmt.Fprintf(os.Stderr, "%s: --output must be table or json, not %q\n", name, *output)
 		os.Exit(2)
+	}
+	var c *client
+	if *server != "" {
+		c = newDirectClient(*server)
+	} else {
+		cfg, err := loadKubeconfig(*kubeconfig, *kubeContext)
+		if err == nil {
+			c, err = newProxyClient(cfg, *namespace, *service)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+			os.Exit(1)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	if err := run(ctx, os.Stdout, newDirectClient(*server), *output, admin, fs.Args()); err != nil {
-		fmt.Fprintf(os.Stderr, "ipamctl: %v\n", err)
+	err := run(ctx, os.Stdout, c, *output, *replicas, admin, fs.Args())
+	if errors.Is(err, errCheckFailed) {
+		os.Exit(1) // the failed conditions are printed already
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(1)
 	}
 }
 
-func envOr(k, d string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
+// commandName is the name for usage and errors: "kubectl ipam" when kubectl
+// runs this binary as its plugin kubectl-ipam.
+func commandName(argv0 string) string {
+	base := filepath.Base(argv0)
+	if rest, ok := strings.CutPrefix(base, "kubectl-"); ok {
+		return "kubectl " + strings.ReplaceAll(rest, "_", "-")
 	}
-	return d
+	return base
 }
 
-func run(ctx context.Context, w io.Writer, c *client, output string, admin *adminOptions, args []string) error {
+// loadKubeconfig finds the API server as kubectl does: an explicit file,
+// else $KUBECONFIG, else ~/.kube/config, else the in-cluster config of a pod
+// (the helm test hook); kubeContext picks a context other than the current.
+func loadKubeconfig(path, kubeContext string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = path
+	overrides := &clientcmd.ConfigOverrides{CurrentContext: kubeContext}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
+	if clientcmd.IsEmptyConfig(err) {
+		return nil, errors.New("no kubeconfig found (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not in a pod; " +
+			"give one, or reach a replica directly with --server http://HOST:9998")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	return cfg, nil
+}
+
+func run(ctx context.Context, w io.Writer, c *client, output string, replicas int, admin *adminOptions, args []string) error {
 	if len(args) == 0 {
 		return errors.New("no command; see ipamctl --help")
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
+	case "check":
+		if len(rest) != 0 {
+			return errors.New("check takes no arguments (--replicas N)")
+		}
+		var st shard.Status
+		if err := c.get(ctx, "/shard/status", &st); err != nil {
+			return err
+		}
+		return printCheck(w, checkRing(st, replicas), st)
 	case "status", "members", "ring":
 		if len(rest) != 0 {
 			return fmt.Errorf("%s takes no arguments", cmd)

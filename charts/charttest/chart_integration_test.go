@@ -402,6 +402,7 @@ func TestChart_ServerDryRunAccepted(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := render(t, "dry", ns, append([]string{"--include-crds"}, tc.args...)...)
+			objs = append(objs, renderTestHook(t, "dry", ns, tc.args...)...)
 			kinds := map[string]int{}
 			for _, o := range objs {
 				kinds[o.GetKind()]++

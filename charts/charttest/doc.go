@@ -29,6 +29,14 @@
 //     replica may log "forbidden", and every verb the RBAC grants must show
 //     up in the API server's audit log of the run (or be named, with its
 //     code, in notExercised).
+//   - TestChart_HelmTestHook: helm install into the control plane, the
+//     peers Service resolving to three replicas in network namespaces
+//     (Pods, an EndpointSlice), then helm test with the test playing kubelet
+//     for the hook pod (bin/ipamctl as the hook's ServiceAccount, in a
+//     restricted-PSS namespace): passes; with a replica killed, fails naming
+//     the member count. The hook's Role is all it used (audit log).
+//     render skips the hook's objects (helm install does not create them);
+//     renderTestHook renders them.
 //   - TestChart_KubeVersion, _Subchart, _UpdateStrategy, _ServiceMonitorOptions,
 //     _ImageDigest, _ExtraVolumes, _PodVersionLabel, TestCRDs_Categories: the
 //     chart conventions (kubeVersion, global values, the Deployment strategy

@@ -105,8 +105,20 @@ func valuesFile(t testing.TB, values map[string]any) string {
 
 // render runs helm template for a release in a namespace with the given
 // extra helm arguments (-f files, --set, --include-crds) and decodes the
-// manifests.
+// manifests: what helm install applies, without the helm test hook's objects
+// (renderTestHook), which only helm test creates.
 func render(t testing.TB, release, namespace string, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	return renderArgs(t, release, namespace, append([]string{"--skip-tests"}, args...)...)
+}
+
+// renderTestHook renders only the helm test hook's objects.
+func renderTestHook(t testing.TB, release, namespace string, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	return renderArgs(t, release, namespace, append([]string{"--show-only", "templates/tests/ring-check.yaml"}, args...)...)
+}
+
+func renderArgs(t testing.TB, release, namespace string, args ...string) []*unstructured.Unstructured {
 	t.Helper()
 	out, err := helm(t, append([]string{"template", release, chartDir, "--namespace", namespace}, args...)...)
 	if err != nil {

@@ -33,6 +33,16 @@ app.kubernetes.io/name: {{ include "cce-ipam.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* Labels of the helm test hook's objects: not the replicas' selector labels (another name), so that the
+     Services, the PodDisruptionBudget and the Deployment never count the hook pod as a replica. */}}
+{{- define "cce-ipam.testLabels" -}}
+helm.sh/chart: {{ include "cce-ipam.chart" . }}
+app.kubernetes.io/name: {{ printf "%s-ring-check" (include "cce-ipam.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: test
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
 {{- define "cce-ipam.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "cce-ipam.fullname" .) .Values.serviceAccount.name }}

@@ -151,6 +151,20 @@ func TestThroughAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("signed POST through the proxy", func(t *testing.T) {
+		// ipamctl release (a signed POST, cmd/ipamctl/admin.go) passes the
+		// proxy with its path, body and signature header intact: the replica
+		// verifies the signature and answers for the pod (a 401 would be a
+		// signature lost or broken on the way).
+		kc := kubeconfigFor(t, ctx, f, "proxy-admin", &rbacv1.PolicyRule{APIGroups: []string{""},
+			Resources: []string{"services/proxy"}, Verbs: []string{"get", "create"},
+			ResourceNames: []string{"http:" + defaultService + ":metrics"}})
+		out, err := ipamctl(ctx, bin, kc, "release", "kube-system/no-such-pod", "--forward-key-file", f.ForwardKeyFile())
+		if err == nil || !strings.Contains(string(out), "404 Not Found: pod kube-system/no-such-pod holds no IP") {
+			t.Errorf("signed release through the API server: %v\n%s; want the replica's answer that the pod holds no IP", err, out)
+		}
+	})
+
 	t.Run("check fails naming the members", func(t *testing.T) {
 		if err := f.Replica(2).Kill(); err != nil {
 			t.Fatal(err)

@@ -1,5 +1,6 @@
-// Command runcwrap is an OCI runtime that removes one capability from every
-// container process and then runs the real runc with the same arguments.
+// Command runcwrap is an OCI runtime that removes from every container
+// process the capabilities this machine cannot grant, and what needs them,
+// and then runs the real runc with the same arguments.
 //
 // Why: kind runs every node as `docker run --privileged`, and privileged asks
 // for every capability. On a machine whose capability bounding set lacks one
@@ -7,8 +8,12 @@
 // apply caps: operation not permitted". Registered with
 // `dockerd --add-runtime kind-runc=/path/runcwrap --default-runtime kind-runc`,
 // it edits the capability lists of the bundle's config.json on create/run and
-// of the --process file on exec, and nothing else. e2e/kind/dockerd.sh
-// registers it only when a probe shows privileged containers failing.
+// of the --process file on exec. Without CAP_SYS_RESOURCE a process also
+// cannot lower its oom_score_adj below its parent's, and runc's init dies
+// trying ("can't get final child's PID from pipe: EOF": every pod sandbox
+// asks for -998), so an oomScoreAdj below runcwrap's own is raised to it.
+// Nothing else is changed. e2e/kind/dockerd.sh registers it only when a
+// probe shows privileged containers failing.
 //
 // Environment: RUNCWRAP_RUNC (the real runc, default "runc" on PATH) and
 // RUNCWRAP_DROP (comma-separated capability names; default: every capability
@@ -50,8 +55,16 @@ func main() {
 		}
 	}
 	args := os.Args[1:]
+	var minOOM *int
+	if contains(drop, "CAP_SYS_RESOURCE") {
+		if b, err := os.ReadFile("/proc/self/oom_score_adj"); err == nil {
+			if v, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				minOOM = &v
+			}
+		}
+	}
 	if file, isProcess := target(args); file != "" {
-		if err := dropCaps(file, isProcess, drop); err != nil {
+		if err := edit(file, isProcess, drop, minOOM); err != nil {
 			fail(fmt.Errorf("runcwrap: %s: %w", file, err))
 		}
 	}
@@ -129,10 +142,11 @@ func flagValue(args []string, name, short string) string {
 	return ""
 }
 
-// dropCaps rewrites file without the capabilities in drop, keeping every
-// other field as it was (unknown fields included: the JSON is edited as a
-// generic document, not through a struct that would lose them).
-func dropCaps(file string, isProcess bool, drop []string) error {
+// edit rewrites file without the capabilities in drop and with an
+// oomScoreAdj of at least minOOM (nil: left alone), keeping every other
+// field as it was (unknown fields included: the JSON is edited as a generic
+// document, not through a struct that would lose them).
+func edit(file string, isProcess bool, drop []string, minOOM *int) error {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return err
@@ -149,11 +163,12 @@ func dropCaps(file string, isProcess bool, drop []string) error {
 		}
 		proc = p
 	}
-	caps, ok := proc["capabilities"].(map[string]any)
-	if !ok {
-		return nil
-	}
 	changed := false
+	if adj, ok := proc["oomScoreAdj"].(float64); ok && minOOM != nil && adj < float64(*minOOM) {
+		proc["oomScoreAdj"] = *minOOM
+		changed = true
+	}
+	caps, _ := proc["capabilities"].(map[string]any)
 	for set, v := range caps {
 		list, ok := v.([]any)
 		if !ok {

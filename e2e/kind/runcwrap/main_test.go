@@ -49,7 +49,7 @@ func TestDropCaps_ConfigKeepsEverythingElse(t *testing.T) {
 		"linux": map[string]any{"namespaces": []any{map[string]any{"type": "pid"}}},
 	}
 	write(t, file, in)
-	if err := dropCaps(file, false, []string{"CAP_SYS_RESOURCE"}); err != nil {
+	if err := edit(file, false, []string{"CAP_SYS_RESOURCE"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	out := read(t, file)
@@ -71,7 +71,7 @@ func TestDropCaps_ProcessFileAndNoCaps(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "process.json")
 	write(t, file, map[string]any{"args": []any{"sh"}, "capabilities": map[string]any{"bounding": []any{"CAP_SYS_RESOURCE", "CAP_KILL"}}})
-	if err := dropCaps(file, true, []string{"CAP_SYS_RESOURCE"}); err != nil {
+	if err := edit(file, true, []string{"CAP_SYS_RESOURCE"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(t, file)["capabilities"].(map[string]any)["bounding"].([]any); len(got) != 1 || got[0] != "CAP_KILL" {
@@ -82,7 +82,7 @@ func TestDropCaps_ProcessFileAndNoCaps(t *testing.T) {
 	if err := os.WriteFile(plain, []byte(`{"ociVersion":"1.0.2"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := dropCaps(plain, false, []string{"CAP_SYS_RESOURCE"}); err != nil {
+	if err := edit(plain, false, []string{"CAP_SYS_RESOURCE"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(plain); string(b) != `{"ociVersion":"1.0.2"}` {
@@ -93,7 +93,7 @@ func TestDropCaps_ProcessFileAndNoCaps(t *testing.T) {
 	if err := os.WriteFile(bad, []byte(`{"process":`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := dropCaps(bad, false, []string{"CAP_SYS_RESOURCE"}); err == nil {
+	if err := edit(bad, false, []string{"CAP_SYS_RESOURCE"}, nil); err == nil {
 		t.Error("dropCaps of a truncated config: no error")
 	}
 }
@@ -134,5 +134,38 @@ func TestMissingCaps(t *testing.T) {
 		if _, err := missingCaps(bad); err == nil {
 			t.Errorf("missingCaps(%q): no error", bad)
 		}
+	}
+}
+
+// TestEdit_RaisesOOMScoreAdj: a pod sandbox asks for -998; without
+// CAP_SYS_RESOURCE runc's init cannot set it below runcwrap's own value.
+func TestEdit_RaisesOOMScoreAdj(t *testing.T) {
+	dir := t.TempDir()
+	own := 0
+	for _, tc := range []struct {
+		in   any
+		want any
+	}{{-998.0, 0.0}, {500.0, 500.0}, {nil, nil}} {
+		file := filepath.Join(dir, "config.json")
+		proc := map[string]any{"args": []any{"/pause"}}
+		if tc.in != nil {
+			proc["oomScoreAdj"] = tc.in
+		}
+		write(t, file, map[string]any{"process": proc})
+		if err := edit(file, false, nil, &own); err != nil {
+			t.Fatal(err)
+		}
+		if got := read(t, file)["process"].(map[string]any)["oomScoreAdj"]; got != tc.want {
+			t.Errorf("oomScoreAdj %v: got %v, want %v", tc.in, got, tc.want)
+		}
+	}
+	// Without a floor (the capability is there) it is left alone.
+	file := filepath.Join(dir, "config.json")
+	write(t, file, map[string]any{"process": map[string]any{"oomScoreAdj": -998.0}})
+	if err := edit(file, false, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, file)["process"].(map[string]any)["oomScoreAdj"]; got != -998.0 {
+		t.Errorf("no floor: oomScoreAdj = %v, want -998", got)
 	}
 }

@@ -369,8 +369,18 @@ func checkRBACUsed(t *testing.T, objs []*unstructured.Unstructured, user string,
 		return choose(group == "", "core", group) + " " + resource + " " + verb
 	}
 	used := map[string]int{}
+	beforeAuthz := 0
 	for _, e := range events {
 		if e.User != user || e.Resource == "" {
+			continue
+		}
+		// Answered before the authorizer ran: API Priority and Fairness
+		// rejects (429) and timeouts come ahead of authorization in the API
+		// server's handler chain, so such a request carries no decision. Not
+		// an RBAC matter (the client retries it); seen under load ~10 on two
+		// cores.
+		if e.Decision == "" && (e.Code == http.StatusTooManyRequests || e.Code >= 500) {
+			beforeAuthz++
 			continue
 		}
 		res := e.Resource
@@ -418,7 +428,7 @@ func checkRBACUsed(t *testing.T, objs []*unstructured.Unstructured, user string,
 	}
 	sort.Strings(unused)
 	sort.Strings(stale)
-	t.Logf("used: %v", used)
+	t.Logf("used: %v (and %d requests answered before authorization: 429 or 5xx)", used, beforeAuthz)
 	if len(unused) > 0 {
 		t.Errorf("granted but not used by the fleet (remove it, or name the code in notExercised): %v", unused)
 	}

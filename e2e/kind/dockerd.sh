@@ -12,7 +12,9 @@
 # root (the only engine this machine can get: there is no registry, and
 # nothing here pulls an image). No iptables rules and no IP masquerading:
 # containers reach each other and the host, nothing beyond (their traffic
-# stays in networks this run creates). Port publishing uses docker-proxy.
+# stays in networks this run creates). Docker's embedded DNS answers the
+# containers' names and sends every other name to 127.0.0.1, where nothing
+# answers (--dns), so no query leaves either. Port publishing uses docker-proxy.
 #
 # kind runs its nodes privileged. Where the machine's capability bounding set
 # lacks a capability, privileged containers fail ("unable to apply caps");
@@ -39,7 +41,7 @@ start_daemon() {
 	mkdir -p "$state/data" "$run"
 	log "starting dockerd (data $state/data, socket $sock) ${extra[*]}"
 	setsid dockerd --data-root "$state/data" --exec-root "$run/exec" --host "unix://$sock" --pidfile "$pidfile" \
-		--bridge none --iptables=false --ip-masq=false --ip6tables=false "${extra[@]}" \
+		--bridge none --iptables=false --ip-masq=false --ip6tables=false --dns 127.0.0.1 "${extra[@]}" \
 		>"$state/dockerd.log" 2>&1 </dev/null &
 	for _ in $(seq 1 60); do
 		running && return 0

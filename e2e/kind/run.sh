@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # make e2e-kind: the e2e lifecycle suite against a kind cluster running the
-# Helm chart with 3 replicas and bce-sim in-cluster.
+# Helm chart with 3 replicas (real pods: hostNetwork, probes, PDB,
+# anti-affinity, one per system worker) and bce-sim in-cluster, everything
+# built on this machine without a registry (see e2e/kind/README.md).
 #
 #   e2e/kind/run.sh            build images, create the cluster, deploy, test, delete the cluster
 #   KEEP=1 e2e/kind/run.sh     keep the cluster afterwards (kubeconfig path is printed)
-#   KIND_NODE_IMAGE=kindest/node:v1.3x.y e2e/kind/run.sh   pick the node image (Kubernetes 1.31 or later)
+#   KIND_NODE_IMAGE=kindest/node:v1.3x.y e2e/kind/run.sh   use another node image (Kubernetes 1.31 or later)
+#   E2E_KIND_DOCKER=system e2e/kind/run.sh   use the machine's Docker ($DOCKER_HOST) instead of our own daemon
 #
-# Needs docker (or podman via `make image`), kind, kubectl, go; helm is taken
-# from bin/ (make tools) or PATH.
+# Needs root for its own Docker daemon (e2e/kind/dockerd.sh: Debian's
+# docker.io, installed with apt if missing) and Go; kind, kubectl, the node
+# image's Kubernetes and helm are built into bin/ (e2e/tools/build.sh).
 #
 # Where the kubelet simulator runs: on the host, inside `go test`. It reaches
 # the API server through kind's kubeconfig, every cce-ipam replica's CNI
@@ -16,14 +20,11 @@
 # port-forward to its Service. The simulated nodes are Node objects only;
 # the suites pin their pods to them with a node selector, so kind's
 # scheduler places the pods there and the simulator plays their kubelet.
-#
-# Only the lifecycle suite runs here: the sharding and chaos suites kill,
-# pause and add replica processes, which they do on the local control plane
-# (make e2e, make e2e-chaos). CI runs the local path.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE="$ROOT/e2e/kind"
+BIN="$ROOT/bin"
 NAME=${KIND_CLUSTER_NAME:-cce-ipam-e2e}
 NS=e2e-system
 TAG=e2e
@@ -31,18 +32,20 @@ IMAGE="cce-ipam:$TAG"
 IMAGE_SIM="cce-ipam-bce-sim:$TAG"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/cce-ipam-kind-XXXXXX")
 export KUBECONFIG="$WORK/kubeconfig"
-HELM=helm
-if [[ -x "$ROOT/bin/helm" ]]; then HELM="$ROOT/bin/helm"; fi
 
 log() { printf '[e2e-kind %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
-for tool in kind kubectl go; do
-	command -v "$tool" >/dev/null || { echo "e2e-kind: $tool is not installed" >&2; exit 1; }
-done
-command -v "$HELM" >/dev/null || { echo "e2e-kind: helm is not installed (make tools builds bin/helm)" >&2; exit 1; }
+command -v go >/dev/null || { echo "e2e-kind: go is not installed" >&2; exit 1; }
+log "tools: kind, the node image's Kubernetes, helm (bin/, cached by version)"
+"$ROOT/e2e/tools/build.sh" "$BIN" kind kindnode helm >&2
+KIND="$BIN/kind"
+HELM="$BIN/helm"
+kubectl() { "$BIN/kindnode/kubectl" "$@"; }
+kind() { "$KIND" "$@"; }
 
 FORWARDS=()
 CREATED=0
+OWN_DOCKERD=0
 cleanup() {
 	local code=$?
 	for pid in ${FORWARDS[@]+"${FORWARDS[@]}"}; do
@@ -63,29 +66,51 @@ cleanup() {
 	else
 		rm -rf "$WORK"
 	fi
+	if [[ $OWN_DOCKERD -eq 1 && "${KEEP:-0}" != 1 ]]; then
+		"$HERE/dockerd.sh" stop "$BIN" || true
+	fi
 	exit "$code"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+if [[ "${E2E_KIND_DOCKER:-own}" == own ]]; then
+	DOCKER_HOST=$("$HERE/dockerd.sh" start "$BIN")
+	export DOCKER_HOST
+	OWN_DOCKERD=1
+	log "docker: our own daemon at $DOCKER_HOST"
+fi
+docker info >/dev/null 2>&1 || { echo "e2e-kind: docker does not answer (DOCKER_HOST=${DOCKER_HOST:-})" >&2; exit 1; }
+
+
 log "building images $IMAGE and $IMAGE_SIM (make image)"
-make -C "$ROOT" image IMAGE="$IMAGE" IMAGE_SIM="$IMAGE_SIM"
+make -C "$ROOT" image IMAGE="$IMAGE" IMAGE_SIM="$IMAGE_SIM" >"$WORK/make-image.log" 2>&1 || { cat "$WORK/make-image.log" >&2; exit 1; }
+
+NODE_IMAGE=${KIND_NODE_IMAGE:-}
+if [[ -z "$NODE_IMAGE" ]]; then
+	log "building the kind node image (e2e/kind/images.sh)"
+	NODE_IMAGE=$("$HERE/images.sh" "$BIN" 2>"$WORK/images.log") || { cat "$WORK/images.log" >&2; exit 1; }
+fi
+log "node image $NODE_IMAGE"
 
 if kind get clusters 2>/dev/null | grep -qx "$NAME"; then
-	echo "e2e-kind: a kind cluster named $NAME exists already; delete it or set KIND_CLUSTER_NAME" >&2
+	echo "e2e-kind: a kind cluster named $NAME exists already; delete it (kind delete cluster --name $NAME) or set KIND_CLUSTER_NAME" >&2
 	exit 1
 fi
+ETCD_TAG=$(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" { print $3 }' "$ROOT/e2e/tools/etcd/go.mod")
+sed "s/ETCD_TAG/${ETCD_TAG#v}-0/" "$HERE/cluster.yaml" >"$WORK/cluster.yaml"
 log "creating kind cluster $NAME"
 CREATED=1
-IMAGE_ARGS=()
-if [[ -n "${KIND_NODE_IMAGE:-}" ]]; then IMAGE_ARGS=(--image "$KIND_NODE_IMAGE"); fi
-kind create cluster --name "$NAME" --config "$HERE/cluster.yaml" --kubeconfig "$KUBECONFIG" --wait 120s ${IMAGE_ARGS[@]+"${IMAGE_ARGS[@]}"}
+start=$SECONDS
+kind create cluster --name "$NAME" --config "$WORK/cluster.yaml" --image "$NODE_IMAGE" --kubeconfig "$KUBECONFIG" --wait 180s
+log "cluster up in $((SECONDS - start)) s"
 # The CRDs use selectable fields (spec.node), on by default from Kubernetes 1.31.
 minor=$(kubectl get --raw /version | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n 1)
 if [[ -z "$minor" || "$minor" -lt 31 ]]; then
 	echo "e2e-kind: the cluster runs Kubernetes 1.${minor:-?}; the CRDs need 1.31 or later (set KIND_NODE_IMAGE)" >&2
 	exit 1
 fi
+kubectl -n kube-system rollout status deployment/coredns --timeout=120s
 
 log "loading images into the cluster"
 kind load docker-image --name "$NAME" "$IMAGE" "$IMAGE_SIM"

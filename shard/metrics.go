@@ -98,7 +98,7 @@ type routerMetrics struct {
 
 func newRouterMetrics(reg prometheus.Registerer) routerMetrics {
 	f := promauto.With(reg)
-	return routerMetrics{
+	m := routerMetrics{
 		forwarded: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_shard_forwarded_requests_total",
 			Help: "CNI calls forwarded to the owning replica, by result (ok, error, not_owner).",
@@ -111,6 +111,13 @@ func newRouterMetrics(reg prometheus.Registerer) routerMetrics {
 			Name: "cce_ipam_shard_forward_rejected_total", Help: "Forwarded calls rejected because their authentication failed.",
 		}),
 	}
+	// Both outcomes are exported at 0 from the start: a series that appears
+	// at 1 has no increase() in Prometheus, so a replica's first timeout
+	// would never fire CCEIPAMOwnerWaitTimeouts.
+	for _, outcome := range []string{"served", "timeout"} {
+		m.ownerWaits.WithLabelValues(outcome)
+	}
+	return m
 }
 
 // updateMetrics refreshes the gauges (on the loop).

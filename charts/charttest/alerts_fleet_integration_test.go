@@ -10,34 +10,53 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 	"github.com/cce-ipam/sharded/e2e/fleet"
+	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
 // The chart's alerts fire on live replicas when their condition is created,
 // and resolve when it is undone. A real Prometheus scrapes a fleet of three
 // replicas (on a control plane of the fleet's own: the lease case stops
 // kube-apiserver) and evaluates the rendered PrometheusRule, with `for`
-// durations of seconds and a 20 s rate window instead of the defaults:
+// durations of seconds and a 20 s rate window instead of the defaults (the
+// thresholds are the chart's):
 //
 //   - CCEIPAMBCEThrottling: bce-sim (started without rate limits) given a
 //     ListENIs limit that the ENI syncs exceed, so they are answered 429;
 //   - CCEIPAMLeakedIPsPastGrace: an address added to a served ENI behind the
 //     IPAM's back (an orphan) while bce-sim fails every delete: past the
 //     fleet's 20 s leak grace the GC cannot delete it;
+//   - CCEIPAMCNIFailureRatio: ADDs of pods that do not exist, which fail;
+//   - CCEIPAMFencingPolicyMissing: the binding of partition 0 of the fencing
+//     policy deleted (then restored) in the fleet's control plane;
 //   - CCEIPAMMembersBelowReplicas: one replica SIGSTOPped;
 //   - CCEIPAMLeaseInvalid: kube-apiserver down, so no replica renews;
+//   - CCEIPAMOwnerWaitTimeouts: meanwhile an ADD to every replica for a
+//     node that, with no valid Lease anywhere, has no owner (owner wait 5 s);
+//   - CCEIPAMSubnetNearlyFull: a node added in a /27 of its own (below the
+//     default threshold of 32 free IPs; not undone);
 //   - CCEIPAMNoReplicaUp: every replica SIGSTOPped.
 //
-// The other alerts (fencing policy, owner-wait timeouts, CNI failure ratio,
-// subnet nearly full, fenced writes) have promtool tests only
-// (TestChart_AlertRules).
+// CCEIPAMFencedWrites is only asserted not to fire on the healthy fleet (and
+// has a promtool test, TestChart_AlertRules): cce_ipam_fenced_writes_total
+// counts the writes a replica's own fence refuses, which happen only in the
+// moment between its Lease lapsing and its ownership loop stopping the
+// node's work (after a SIGCONT, if at all; not in a kube-apiserver outage),
+// and not the writes the API server's fencing policy refuses. No condition
+// makes them a steady stream on demand yet.
 func TestChart_AlertsFireOnFleet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
@@ -48,16 +67,21 @@ func TestChart_AlertsFireOnFleet(t *testing.T) {
 	short := map[string]any{"for": "3s"}
 	pr := one(t, render(t, "rel", "kube-system", "-f", valuesFile(t, map[string]any{
 		"replicaCount": 3,
+		// The thresholds are the chart's defaults (subnetNearlyFull: 32).
 		"alerts": map[string]any{"enabled": true, "selector": `job="cce-ipam"`, "rateWindow": "20s",
 			"bceThrottling": short, "leakedIPsPastGrace": short, "membersBelowReplicas": short,
-			"leaseInvalid": short, "noReplicaUp": short},
+			"leaseInvalid": short, "noReplicaUp": short, "fencingPolicyMissing": short,
+			"ownerWaitTimeouts": short, "cniFailureRatio": short, "subnetNearlyFull": short, "fencedWrites": short},
 	})), "PrometheusRule", "rel-cce-ipam-alerts")
 	ruleFile := filepath.Join(t.TempDir(), "alerts.yaml")
 	if err := os.WriteFile(ruleFile, alertRuleFile(t, alertRules(t, pr), false), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
-	f := fleet.Start(t, fleet.Options{Name: "alerts", Replicas: 3, Nodes: 3, BinDir: binDir(t), NoSimRateLimits: true})
+	f := fleet.Start(t, fleet.Options{Name: "alerts", Replicas: 3, Nodes: 3, BinDir: binDir(t), NoSimRateLimits: true,
+		// sharding.ownerWait: a CNI call for a node without owner gives up
+		// well within the lease case's kube-apiserver outage.
+		ReplicaArgs: []string{"--shard-owner-wait", "5s"}})
 	var addrs []string
 	for _, r := range f.Replicas() {
 		addrs = append(addrs, r.MetricsAddr())
@@ -69,9 +93,20 @@ func TestChart_AlertsFireOnFleet(t *testing.T) {
 	// its 3 s), and an alert resolves only at the next evaluation after the
 	// data arrived.
 	for _, a := range []string{"CCEIPAMMembersBelowReplicas", "CCEIPAMLeaseInvalid", "CCEIPAMNoReplicaUp",
-		"CCEIPAMLeakedIPsPastGrace"} {
-		waitAlert(t, ctx, prom, a, false, 30*time.Second)
+		"CCEIPAMLeakedIPsPastGrace", "CCEIPAMFencingPolicyMissing", "CCEIPAMOwnerWaitTimeouts",
+		"CCEIPAMCNIFailureRatio", "CCEIPAMSubnetNearlyFull", "CCEIPAMFencedWrites"} {
+		waitAlert(t, ctx, prom, a, false, time.Minute)
 	}
+
+	// The fencing policy's binding of partition 0 is deleted now, and its
+	// alert awaited after the next cases: a replica looks for the policy
+	// once a minute, and the wait need not add to the test's time.
+	fencing := f.Kube.AdmissionregistrationV1()
+	binding := fencingBinding(t, ctx, f)
+	if err := fencing.ValidatingAdmissionPolicyBindings().Delete(ctx, binding.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("deleted the fencing policy binding %s", binding.Name)
 
 	t.Run("BCE throttling", func(t *testing.T) {
 		// bce-sim starts without limits (NoSimRateLimits): nothing is throttled.
@@ -107,6 +142,47 @@ func TestChart_AlertsFireOnFleet(t *testing.T) {
 		waitAlert(t, ctx, prom, "CCEIPAMLeakedIPsPastGrace", false, time.Minute)
 	})
 
+	t.Run("CNI failure ratio", func(t *testing.T) {
+		// ADDs of pods that do not exist: no replica can tell their node,
+		// so each fails (result error). A kubelet sends those when a pod
+		// was deleted as its sandbox was being set up.
+		calls := 0
+		deadline := time.Now().Add(90 * time.Second)
+		for !firing(t, ctx, prom, "CCEIPAMCNIFailureRatio") {
+			if time.Now().After(deadline) {
+				t.Fatalf("CCEIPAMCNIFailureRatio not firing after %d failed calls: %s", calls, promRaw(ctx, prom, `ALERTS`))
+			}
+			for _, addr := range f.CNIAddrs() {
+				reply := allocateIP(t, ctx, addr, &rpc.AllocateIPRequest{K8SPodName: fmt.Sprintf("no-such-pod-%d", calls),
+					K8SPodNamespace: "default", K8SPodInfraContainerID: "c0ffee"})
+				if reply.GetIsSuccess() {
+					t.Fatalf("AllocateIP of a pod that does not exist succeeded: %v", reply)
+				}
+				if calls == 0 {
+					t.Logf("AllocateIP of a pod that does not exist: %s", reply.GetErrMsg())
+				}
+				calls++
+			}
+			sleepCtx(ctx, 500*time.Millisecond)
+		}
+		t.Logf("CCEIPAMCNIFailureRatio firing after %d failed calls; failing share: %s", calls, promRaw(ctx, prom,
+			`sum(rate(cce_ipam_cni_requests_total{hop="entry", result=~"error|busy"}[20s])) / sum(rate(cce_ipam_cni_requests_total{hop="entry"}[20s]))`))
+		waitAlert(t, ctx, prom, "CCEIPAMCNIFailureRatio", false, 90*time.Second)
+	})
+
+	t.Run("fencing policy missing", func(t *testing.T) {
+		// Deleted before the cases above; a replica's next look (at most
+		// a minute after) finds it missing.
+		waitAlert(t, ctx, prom, "CCEIPAMFencingPolicyMissing", true, 2*time.Minute)
+		restore := binding.DeepCopy()
+		restore.ObjectMeta = metav1.ObjectMeta{Name: binding.Name, Labels: binding.Labels, Annotations: binding.Annotations}
+		if _, err := fencing.ValidatingAdmissionPolicyBindings().Create(ctx, restore, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// Resolved at the replicas' next look: awaited after the next
+		// cases (fencing policy restored).
+	})
+
 	t.Run("members below replicas", func(t *testing.T) {
 		r := f.Replica(2)
 		if err := r.Stop(); err != nil {
@@ -121,14 +197,62 @@ func TestChart_AlertsFireOnFleet(t *testing.T) {
 
 	t.Run("lease invalid", func(t *testing.T) {
 		waitAlert(t, ctx, prom, "CCEIPAMLeaseInvalid", false, time.Minute)
+		waitAlert(t, ctx, prom, "CCEIPAMOwnerWaitTimeouts", false, time.Minute)
 		restarted := make(chan error, 1)
-		go func() { restarted <- f.RestartAPIServer(ctx, 30*time.Second) }()
+		go func() { restarted <- f.RestartAPIServer(ctx, 40*time.Second) }()
 		// Renew deadline (4s) + a scrape + for (3s), while kube-apiserver is down.
-		waitAlert(t, ctx, prom, "CCEIPAMLeaseInvalid", true, 28*time.Second)
+		waitAlert(t, ctx, prom, "CCEIPAMLeaseInvalid", true, 30*time.Second)
+		// No replica holds a valid Lease: a CNI call for a node waits for
+		// an owner (5 s here) and gives up, on every replica.
+		node := f.Nodes()[0]
+		var wg sync.WaitGroup
+		replies := make([]*rpc.AllocateIPReply, len(f.CNIAddrs()))
+		for i, addr := range f.CNIAddrs() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				replies[i] = allocateIP(t, ctx, addr, &rpc.AllocateIPRequest{K8SPodName: fmt.Sprintf("owner-wait-%d", i),
+					K8SPodNamespace: "default", K8SPodInfraContainerID: "c0ffee", K8SNodeName: node})
+			}()
+		}
+		wg.Wait()
+		for i, reply := range replies {
+			if reply == nil {
+				t.FailNow() // allocateIP failed the test
+			}
+			if reply.GetIsSuccess() || !strings.Contains(reply.GetErrMsg(), "no replica serves node") {
+				t.Fatalf("AllocateIP for %s on replica %d while no replica holds a Lease: %v", node, i, reply)
+			}
+			t.Logf("replica %d: %s", i, reply.GetErrMsg())
+		}
+		// Within the rate window (20 s) of those timeouts, outage or not.
+		waitAlert(t, ctx, prom, "CCEIPAMOwnerWaitTimeouts", true, 15*time.Second)
 		if err := <-restarted; err != nil {
 			t.Fatal(err)
 		}
 		waitAlert(t, ctx, prom, "CCEIPAMLeaseInvalid", false, time.Minute)
+		waitAlert(t, ctx, prom, "CCEIPAMOwnerWaitTimeouts", false, time.Minute)
+	})
+
+	t.Run("fencing policy restored", func(t *testing.T) {
+		// Restored in "fencing policy missing": a minute has passed since.
+		waitAlert(t, ctx, prom, "CCEIPAMFencingPolicyMissing", false, 90*time.Second)
+	})
+
+	t.Run("subnet nearly full", func(t *testing.T) {
+		// A node in a /27 of its own: its IPPool lists the subnet, whose
+		// free addresses (32 at most, fewer once BCE's reserved ones and
+		// the node's ENI and pool take theirs) are below the chart's
+		// default threshold of 32. Not undone: the Subnet resource stays
+		// (as it would in a cluster) and the alert with it.
+		if err := f.AddSubnet(ctx, "sbn-alerts-tiny", "10.21.0.0/27"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.AddNodesIn(ctx, 1, "sbn-alerts-tiny"); err != nil {
+			t.Fatal(err)
+		}
+		waitAlert(t, ctx, prom, "CCEIPAMSubnetNearlyFull", true, 90*time.Second)
+		t.Logf("free IPs: %s", promRaw(ctx, prom, `max by (subnet) (cce_ipam_subnet_available_ips)`))
 	})
 
 	t.Run("no replica up", func(t *testing.T) {
@@ -219,4 +343,54 @@ func fleetSimClient(t testing.TB, f *fleet.Fleet) *cloud.Client {
 	}
 	t.Cleanup(c.Close)
 	return c
+}
+
+// fencingBinding returns the binding of partition 0 of the chart's fencing
+// policy the fleet installed: the policy <name> has a sibling <name>-token,
+// and the replicas look for the binding <name>-0 (shard/fencing.go).
+func fencingBinding(t testing.TB, ctx context.Context, f *fleet.Fleet) *admissionregistrationv1.ValidatingAdmissionPolicyBinding {
+	t.Helper()
+	adm := f.Kube.AdmissionregistrationV1()
+	policies, err := adm.ValidatingAdmissionPolicies().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range policies.Items {
+		if name, ok := strings.CutSuffix(p.Name, "-token"); ok {
+			b, err := adm.ValidatingAdmissionPolicyBindings().Get(ctx, name+"-0", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+	}
+	t.Fatal("the fleet installed no fencing policy")
+	return nil
+}
+
+// allocateIP makes an ADD as a CNI plugin would, to the replica at addr.
+func allocateIP(t testing.TB, ctx context.Context, addr string, req *rpc.AllocateIPRequest) *rpc.AllocateIPReply {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	reply, err := rpc.NewCNIBackendClient(conn).AllocateIP(ctx, req)
+	if err != nil {
+		t.Errorf("AllocateIP on %s: %v", addr, err)
+		return nil
+	}
+	return reply
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
 }

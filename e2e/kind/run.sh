@@ -174,4 +174,7 @@ E2E_VPC_ID=vpc-kind \
 E2E_SUBNET_ID=sbn-kind \
 E2E_SECURITY_GROUP=g-kind \
 	go test -tags integration -count=1 -v -timeout 30m ./e2e/suites/lifecycle/
+
+log "rolling update and pod deletion under load (e2e/kind/rollout.sh)"
+"$HERE/rollout.sh" "$BIN" "$NS" cce-ipam "$ROOT/charts/cce-ipam" "$HERE/values.yaml" "$SIM_ADDR"
 log "passed"

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Real-cluster behaviour the process harness cannot show (#23), run by run.sh
+# against its kind cluster: CNI calls keep succeeding while
+#   1. the Deployment rolls (helm upgrade with a changed value), and
+#   2. a replica pod is deleted (kubelet-style SIGTERM and grace period).
+# Load: a host-side kubelet-sim plays 6 simulated BCC nodes and calls the CNI
+# Service the way a node's CNI plugin does: through kube-proxy (the Service is
+# a NodePort here; the calls go to the control-plane node's port, so readiness
+# gating and endpoint changes are the cluster's own). A Deployment of 20 pause
+# pods on those nodes churns (Running pods deleted and replaced) during each
+# disruption.
+# Pass: no CNI call failed; the figures (calls, failed, slowest) are printed.
+#
+#   e2e/kind/rollout.sh BIN NAMESPACE RELEASE CHART VALUES BCE_ADDR
+set -euo pipefail
+BIN=$1 NS=$2 RELEASE=$3 CHART=$4 VALUES=$5 BCE=$6
+kubectl() { "$BIN/kindnode/kubectl" "$@"; }
+log() { printf '[e2e-kind rollout %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+LOAD_NS=rollout
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/cce-kind-rollout-XXXXXX")
+SIM_PID=
+CHURN_PID=
+cleanup() {
+	[ -n "$CHURN_PID" ] && kill "$CHURN_PID" 2>/dev/null || true
+	[ -n "$SIM_PID" ] && kill "$SIM_PID" 2>/dev/null && wait "$SIM_PID" 2>/dev/null || true
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+port=$(kubectl -n "$NS" get svc "$RELEASE" -o jsonpath='{.spec.ports[?(@.name=="grpc")].nodePort}')
+cp_ip=$(kubectl get node -l node-role.kubernetes.io/control-plane -o jsonpath='{.items[0].status.addresses[?(@.type=="InternalIP")].address}')
+[ -n "$port" ] && [ -n "$cp_ip" ] || { echo "rollout: the CNI Service has no NodePort ($port) or no control-plane address ($cp_ip)" >&2; exit 1; }
+metrics=127.0.0.1:$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+log "CNI Service through kube-proxy at $cp_ip:$port; kubelet-sim metrics at $metrics"
+
+kubectl create namespace "$LOAD_NS" >/dev/null
+"$BIN/kubelet-sim" --kubeconfig "$KUBECONFIG" --name rollout --node-prefix roll --nodes 6 --namespace "$LOAD_NS" \
+	--cni-endpoint "$cp_ip:$port" --cni-timeout 60s --bce-endpoint "http://$BCE" \
+	--bce-access-key-id AKFLEET --bce-secret-access-key SKfleetSecret \
+	--cluster-id cce-kind --vpc-id vpc-kind --subnet-id sbn-kind --security-group g-kind --zone cn-bj-a \
+	--metrics-listen "$metrics" --stats-period 0 --log-level debug >"$WORK/kubelet-sim.log" 2>&1 &
+SIM_PID=$!
+for _ in $(seq 1 120); do
+	[ "$(kubectl get nodes -l kubeletsim.cce-ipam.io/simulator=rollout --no-headers 2>/dev/null | grep -c ' Ready')" = 6 ] && break
+	sleep 1
+done
+cat <<YAML | kubectl apply -f - >/dev/null
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: load, namespace: $LOAD_NS}
+spec:
+  replicas: 20
+  selector: {matchLabels: {app: load}}
+  template:
+    metadata: {labels: {app: load}}
+    spec:
+      nodeSelector: {kubeletsim.cce-ipam.io/simulator: rollout}
+      terminationGracePeriodSeconds: 0
+      containers: [{name: pause, image: registry.k8s.io/pause:3.10.2}]
+YAML
+kubectl -n "$LOAD_NS" rollout status deploy/load --timeout=180s >/dev/null
+
+calls() { # method result -> count
+	curl -s "http://$metrics/metrics" | awk -v m="$1" -v r="$2" '
+		/^kubeletsim_cni_calls_total/ && index($0, "method=\"" m "\"") && (r == "" || index($0, "result=\"" r "\"")) { s += $2 }
+		END { print s + 0 }'
+}
+slowest() { # the upper bound of the highest non-empty duration bucket, over all methods
+	curl -s "http://$metrics/metrics" | awk '
+		/^kubeletsim_cni_call_duration_seconds_bucket/ { match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5)
+			key = $0; sub(/le="[^"]*"/, "", key); sub(/ [0-9.e+-]+$/, "", key)
+			if ($2 > prev[key] && le != "+Inf") { top = (le + 0 > top + 0) ? le : top } prev[key] = $2 }
+		END { print top }'
+}
+# churn keeps ADDs and DELs flowing: every 2 s it deletes 3 Running pods
+# (their ADD is done: each delete is a DEL), and the ReplicaSet creates 3 new
+# ones (3 ADDs). Scaling down instead would delete Pending pods first, whose
+# ADD is in flight and then fails with "pod not found", as it should, since
+# the pod is gone: that is no IPAM failure, and it would hide real ones.
+churn() {
+	while true; do
+		kubectl -n "$LOAD_NS" get pods -l app=load --field-selector=status.phase=Running -o name 2>/dev/null |
+			shuf -n 3 | xargs -r "$BIN/kindnode/kubectl" -n "$LOAD_NS" delete --wait=false --grace-period=0 >/dev/null 2>&1 || true
+		sleep 2
+	done
+}
+failed_total() { echo $(( $(calls AllocateIP "") + $(calls ReleaseIP "") - $(calls AllocateIP ok) - $(calls ReleaseIP ok) )); }
+
+check() { # name
+	local total failed
+	total=$(( $(calls AllocateIP "") + $(calls ReleaseIP "") ))
+	failed=$(failed_total)
+	log "$1: CNI calls so far $total, failed $failed, slowest call ≤ $(slowest) s (histogram bucket)"
+	if [ "$failed" != 0 ]; then
+		echo "rollout: $1: $failed CNI calls failed; kubelet-sim's log:" >&2
+		grep "CNI ADD failed\|CNI DEL failed\|\"level\":\"ERROR\"" "$WORK/kubelet-sim.log" | tail -20 >&2
+		return 1
+	fi
+}
+check "warm-up"
+
+log "1. rolling update under load: helm upgrade with a changed pod annotation"
+churn & CHURN_PID=$!
+start=$SECONDS
+"$BIN/helm" upgrade "$RELEASE" "$CHART" --namespace "$NS" -f "$VALUES" --set-string "podAnnotations.e2e-rollout=$(date +%s)" --wait --timeout 5m >/dev/null
+kubectl -n "$NS" rollout status "deployment/$RELEASE" --timeout=180s >/dev/null
+sleep 6
+kill "$CHURN_PID"; wait "$CHURN_PID" 2>/dev/null || true; CHURN_PID=
+log "rolled in $((SECONDS - start)) s"
+check "rolling update"
+
+log "2. a replica pod deleted (SIGTERM, grace period) under load"
+churn & CHURN_PID=$!
+# A replica that is not already terminating (the rollout's old pods may still be going).
+victim=$(kubectl -n "$NS" get pods -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/name=cce-ipam" \
+	-o jsonpath='{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}' | awk 'NF == 1 { print $1; exit }')
+[ -n "$victim" ] || { echo "rollout: no replica pod that is not terminating" >&2; exit 1; }
+start=$SECONDS
+kubectl -n "$NS" delete pod "$victim" --wait=true >/dev/null
+kubectl -n "$NS" rollout status "deployment/$RELEASE" --timeout=180s >/dev/null
+sleep 6
+kill "$CHURN_PID"; wait "$CHURN_PID" 2>/dev/null || true; CHURN_PID=
+log "deleted $victim; replaced and ready in $((SECONDS - start)) s"
+check "pod deletion"
+
+kubectl -n "$LOAD_NS" scale deploy/load --replicas=0 >/dev/null
+kubectl -n "$LOAD_NS" wait --for=delete pod -l app=load --timeout=120s >/dev/null 2>&1 || true
+check "drained"
+kubectl delete namespace "$LOAD_NS" --wait=false >/dev/null
+log "passed"

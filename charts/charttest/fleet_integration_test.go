@@ -302,6 +302,25 @@ func TestChart_FleetUnderPrometheus(t *testing.T) {
 		}
 	})
 	t.Run("the RBAC grants exactly the verbs the replicas used", func(t *testing.T) {
+		// The IPPool status is written (get, then update) by an ENI sync,
+		// which this fleet throttles hard (ListENIs 1/s over three
+		// replicas): under load, no sync may have completed yet. Wait for
+		// one that wrote a pool's ENIs, so that the audit sees the verbs
+		// the replicas use, not how fast their syncs got through.
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		eventually(t, wctx, time.Second, "an ENI sync wrote an IPPool's status.eni.enis", func() error {
+			pools, err := cs.CceV1alpha1().IPPools(cce.IPPoolNamespace).List(wctx, metav1.ListOptions{})
+			if err != nil {
+				return err
+			}
+			for _, p := range pools.Items {
+				if len(p.Status.ENI.ENIs) > 0 {
+					return nil
+				}
+			}
+			return fmt.Errorf("none of %d IPPools has ENIs in its status yet", len(pools.Items))
+		})
 		// Graceful stops first: the leave (hand-over, Lease release) is part
 		// of what the replicas do.
 		for _, r := range replicas {

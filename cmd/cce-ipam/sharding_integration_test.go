@@ -632,23 +632,42 @@ func TestSharding_BusyReplicaBorrowsBudget(t *testing.T) {
 			}
 		})
 	}
-	var maxBusy, maxSum float64
-	for ctx.Err() == nil {
-		sum := 0.0
+	// The replicas are read one after another, so a sum of single
+	// readings can pair one replica's share from before a hand-off with
+	// another's from after it (the lender lowers and publishes before the
+	// borrower raises, so no instant has both; a sum of 25.5/s against 20
+	// was read so once under load). A sum counts only when two rounds of
+	// readings agree: no share changed while they were taken.
+	read := func() []float64 {
+		var out []float64
 		for _, r := range e.Replicas() {
-			v := e.metric(r, "cce_ipam_shard_budget_rate", nil)
-			sum += v
-			if r == busy {
-				maxBusy = max(maxBusy, v)
-			}
+			out = append(out, e.metric(r, "cce_ipam_shard_budget_rate", nil))
 		}
-		maxSum = max(maxSum, sum)
+		return out
+	}
+	busyAt := slices.Index(e.Replicas(), busy)
+	var maxBusy, maxSum float64
+	stable := 0
+	for ctx.Err() == nil {
+		first, second := read(), read()
+		maxBusy = max(maxBusy, second[busyAt])
+		if slices.Equal(first, second) {
+			stable++
+			sum := 0.0
+			for _, v := range second {
+				sum += v
+			}
+			maxSum = max(maxSum, sum)
+		}
 		time.Sleep(500 * time.Millisecond)
 	}
 	wg.Wait()
 	fair := float64(globalRate) / 3
-	t.Logf("BORROW: the busy replica's share peaked at %.2f/s (even split %.2f/s, budget %d/s); sampled shares summed to at most %.2f/s",
-		maxBusy, fair, globalRate, maxSum)
+	t.Logf("BORROW: the busy replica's share peaked at %.2f/s (even split %.2f/s, budget %d/s); shares summed to at most %.2f/s over %d stable samples",
+		maxBusy, fair, globalRate, maxSum, stable)
+	if stable == 0 {
+		t.Error("no two rounds of share readings agreed: the shares never held still for a sample")
+	}
 	if maxBusy < 1.5*fair {
 		t.Errorf("the busy replica's share never exceeded %.2f/s (1.5 × an even split): idle replicas did not lend", 1.5*fair)
 	}

@@ -258,6 +258,7 @@ func (i *IPAM) writeWEP(ctx context.Context, n *node, want, old *cce.WorkloadEnd
 	for round := 0; ; round++ {
 		if old == nil {
 			wep, err := client.Create(ctx, want, metav1.CreateOptions{})
+			i.wepWritten(err)
 			if err == nil {
 				return wep, nil
 			}
@@ -278,6 +279,7 @@ func (i *IPAM) writeWEP(ctx context.Context, n *node, want, old *cce.WorkloadEnd
 		want.ResourceVersion = old.ResourceVersion
 		want.Finalizers = old.Finalizers
 		wep, err := client.Update(ctx, want, metav1.UpdateOptions{})
+		i.wepWritten(err)
 		if err == nil {
 			return wep, nil
 		}

@@ -440,9 +440,15 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 // value pairs. It returns -1 when the series is absent.
 func (e *env) gauge(name string, labels ...string) float64 {
 	e.t.Helper()
-	mfs, err := e.reg.Gather()
+	return metricValue(e.t, e.reg, name, labels...)
+}
+
+// metricValue is env.gauge for any registry (an IPAM a test built itself).
+func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
 	for _, mf := range mfs {
 		if mf.GetName() != name {

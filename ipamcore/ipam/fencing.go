@@ -77,12 +77,38 @@ func (i *IPAM) fenceFor(node string) (*FenceToken, time.Time, error) {
 	}
 	tok, until, err := tf.FenceToken(node)
 	if err != nil {
-		i.metrics.fenced.Inc()
+		i.metrics.fencedByReplica.Inc()
 		// The fence's reason is text: callers branch on ErrFenced, and the
 		// shard layer's own errors do not leak through the IPAM.
 		return nil, time.Time{}, fmt.Errorf("%w %s: %v", ErrFenced, node, err) //nolint:errorlint // see above
 	}
 	return &tok, until, nil
+}
+
+// fencingDenial is what a refusal by the fencing policy carries: the API
+// server answers Forbidden with "ValidatingAdmissionPolicy '<policy>' with
+// binding '<binding>' denied request: <message>", and both of the chart's
+// policies' messages start with "fenced:" (fencing-policy.yaml).
+const fencingDenial = "denied request: fenced:"
+
+// refusedByFencingPolicy reports whether the API server's fencing policy
+// refused a write: a Forbidden carrying the policy's denial. A wep write
+// without a claim Lease to check (the binding's parameterNotFoundAction) is
+// refused with another text, and not counted: replicas write only under a
+// claim, which exists.
+func refusedByFencingPolicy(err error) bool {
+	return apierrors.IsForbidden(err) && strings.Contains(err.Error(), fencingDenial)
+}
+
+// wepWritten takes the error of every wep write this replica sends (create,
+// update, patch, delete) and counts a refusal by the API server's fencing
+// policy in cce_ipam_fenced_writes_total{by="apiserver"}: the replica
+// wrote for a partition it had lost without its own fence noticing, the
+// case the counter's alert is for.
+func (i *IPAM) wepWritten(err error) {
+	if refusedByFencingPolicy(err) {
+		i.metrics.fencedByAPIServer.Inc()
+	}
 }
 
 // fencedContext bounds ctx by the fence's deadline, when there is one.
@@ -117,7 +143,9 @@ func (i *IPAM) deleteWEP(ctx context.Context, wep *cce.WorkloadEndpoint) error {
 		if tok != nil {
 			tok.Stamp(upd)
 		}
-		if wep, err = client.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		wep, err = client.Update(ctx, upd, metav1.UpdateOptions{})
+		i.wepWritten(err)
+		if err != nil {
 			return fmt.Errorf("stamp and remove finalizer of WorkloadEndpoint: %w", err)
 		}
 	}
@@ -127,6 +155,7 @@ func (i *IPAM) deleteWEP(ctx context.Context, wep *cce.WorkloadEndpoint) error {
 			ResourceVersion: &wep.ResourceVersion,
 		},
 	})
+	i.wepWritten(err)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete WorkloadEndpoint: %w", err)
 	}
@@ -147,6 +176,7 @@ func (i *IPAM) deleteKnownWEP(ctx context.Context, ref podip.PodRef, rec knownWE
 	if tok != nil || slices.Contains(rec.finalizers, cce.WorkloadEndpointFinalizer) {
 		rest := slices.DeleteFunc(slices.Clone(rec.finalizers), func(f string) bool { return f == cce.WorkloadEndpointFinalizer })
 		w, err := client.Patch(ctx, ref.Name, types.MergePatchType, knownPatch(rec.rv, tok, rest, nil), metav1.PatchOptions{})
+		i.wepWritten(err)
 		if err != nil {
 			return err
 		}
@@ -155,6 +185,7 @@ func (i *IPAM) deleteKnownWEP(ctx context.Context, ref podip.PodRef, rec knownWE
 	err := client.Delete(ctx, ref.Name, metav1.DeleteOptions{
 		Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv},
 	})
+	i.wepWritten(err)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete WorkloadEndpoint: %w", err)
 	}
@@ -169,8 +200,10 @@ func (i *IPAM) stampKnownWEP(ctx context.Context, ref podip.PodRef, rec knownWEP
 	ctx, cancel := fencedContext(ctx, until)
 	defer cancel()
 	now := metav1.NewTime(i.deps.Clock.Now())
-	return i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Patch(ctx, ref.Name, types.MergePatchType,
+	w, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Patch(ctx, ref.Name, types.MergePatchType,
 		knownPatch(rec.rv, tok, nil, &now), metav1.PatchOptions{})
+	i.wepWritten(err)
+	return w, err
 }
 
 // knownPatch is a JSON merge patch (RFC 7386) carrying resourceVersion rv as

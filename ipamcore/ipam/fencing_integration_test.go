@@ -47,7 +47,9 @@ func (f *tokenFence) set(holder string, epoch int64) {
 // The wep writes of the release path under the API server's fencing policy:
 // an allocation's wep carries the token; once the claim moved, the stale
 // replica's release (stamp, then delete) and a new allocation are refused by
-// the API server and the wep stays; under the current claim the release
+// the API server and the wep stays, each refusal counted in
+// cce_ipam_fenced_writes_total{by="apiserver"} (the replica's own fence,
+// which still says yes, counts none); under the current claim the release
 // deletes it.
 func TestIPAM_WEPWritesFencedByTheAPIServer(t *testing.T) {
 	e := newEnv(t, "fencewep", 1, testConfig(func(c *ipam.Config) {
@@ -74,10 +76,17 @@ func TestIPAM_WEPWritesFencedByTheAPIServer(t *testing.T) {
 	t.Cleanup(remove)
 
 	fence := &tokenFence{tok: ipam.FenceToken{Partition: p, Holder: "r0", Epoch: 1}}
+	reg := prometheus.NewRegistry()
 	ip, err := ipam.New(e.cfg, ipam.Deps{Kube: e.kube, CCE: versioned.NewForConfigOrDie(cp.ReplicaConfig), Cloud: e.cloud, Fence: fence},
-		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+		slog.New(slog.DiscardHandler), reg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	fenced := func(by string) float64 { return metricValue(t, reg, "cce_ipam_fenced_writes_total", "by", by) }
+	// Both series from the start, at 0 (a series first seen at 1 shows no
+	// increase() in Prometheus).
+	if r, a := fenced("replica"), fenced("apiserver"); r != 0 || a != 0 {
+		t.Fatalf("fenced writes at start: replica %v, apiserver %v; want both series at 0", r, a)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -120,17 +129,26 @@ func TestIPAM_WEPWritesFencedByTheAPIServer(t *testing.T) {
 		t.Fatalf("the stale replica's release: %v, want refused by the fencing policy", err)
 	}
 	t.Logf("stale release refused: %v", err)
+	if got := fenced("apiserver"); got != 1 {
+		t.Fatalf("fenced writes by the apiserver after the refused release: %v, want 1", got)
+	}
 	if _, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(ctx, pods[0].name, metav1.GetOptions{}); err != nil {
 		t.Fatalf("the wep is gone after a refused release: %v", err)
 	}
 	if _, err := ip.Allocate(ctx, ref(pods[1])); err == nil || !strings.Contains(err.Error(), "fenced") {
 		t.Fatalf("the stale replica's allocation: %v, want refused by the fencing policy", err)
 	}
+	if a, r := fenced("apiserver"), fenced("replica"); a != 2 || r != 0 {
+		t.Fatalf("fenced writes after the refused allocation: apiserver %v, replica %v; want 2 and 0", a, r)
+	}
 
 	// Under the current claim the release deletes the wep.
 	fence.set("r1", 2)
 	if _, ok, err := ip.Release(ctx, ref(pods[0])); err != nil || !ok {
 		t.Fatalf("release under the current claim: ok=%v %v", ok, err)
+	}
+	if got := fenced("apiserver"); got != 2 {
+		t.Fatalf("fenced writes by the apiserver after the accepted release: %v, want still 2", got)
 	}
 	if _, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(ctx, pods[0].name, metav1.GetOptions{}); err == nil {
 		t.Fatal("the wep survived its release")

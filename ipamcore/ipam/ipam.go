@@ -469,7 +469,7 @@ func (i *IPAM) mayActUntil(node string) (time.Time, error) {
 	}
 	until, err := i.deps.Fence.MayAct(node)
 	if err != nil {
-		i.metrics.fenced.Inc()
+		i.metrics.fencedByReplica.Inc()
 		// The fence's reason is text: callers branch on ErrFenced, and the
 		// shard layer's own errors do not leak through the IPAM.
 		return time.Time{}, fmt.Errorf("%w %s: %v", ErrFenced, node, err) //nolint:errorlint // see above

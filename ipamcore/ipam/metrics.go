@@ -27,14 +27,29 @@ type metrics struct {
 	leakOldest    prometheus.Gauge
 	leakPastGrace prometheus.Gauge
 	heldInUse     prometheus.Gauge
-	fenced        prometheus.Counter
-	reconciled    *prometheus.CounterVec
-	ghostWEPs     *prometheus.CounterVec
+	// Writes refused as fenced, by who refused them (the "by" label):
+	// this replica's own fence, before sending anything, or the API
+	// server's fencing policy, a wep write it sent (fencing.go).
+	fencedByReplica   prometheus.Counter
+	fencedByAPIServer prometheus.Counter
+	reconciled        *prometheus.CounterVec
+	ghostWEPs         *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
+	fenced := f.NewCounterVec(prometheus.CounterOpts{
+		Name: "cce_ipam_fenced_writes_total",
+		Help: "Writes for a node refused because this replica may no longer act for it, by who refused them: " +
+			"replica (its own fence, before sending: ownership moved or lease at risk) or apiserver (the API " +
+			"server's fencing policy refused a wep write whose fencing token is no longer the partition's claim).",
+	}, []string{"by"})
 	return &metrics{
+		// Both series exist from the start at 0: a series first seen at 1
+		// shows no increase() in Prometheus, and the first refusal is the
+		// one that matters.
+		fencedByReplica:   fenced.WithLabelValues("replica"),
+		fencedByAPIServer: fenced.WithLabelValues("apiserver"),
 		allocations: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_allocations_total", Help: "Pod IP allocations by result and path (pool, fixed, repeat).",
 		}, []string{"result", "path"}),
@@ -99,10 +114,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		heldInUse: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_ips_held_in_use",
 			Help: "Addresses held out of the pool because a running pod uses them without a WorkloadEndpoint (as of the last GC pass).",
-		}),
-		fenced: f.NewCounter(prometheus.CounterOpts{
-			Name: "cce_ipam_fenced_writes_total",
-			Help: "Writes for a node refused because this replica may no longer act for it (ownership moved or lease at risk).",
 		}),
 	}
 }

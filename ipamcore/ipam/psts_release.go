@@ -176,7 +176,9 @@ func (i *IPAM) collectPSTS(ctx context.Context, w *cce.WorkloadEndpoint, kind st
 		}
 		uctx, cancel := fencedContext(ctx, until)
 		defer cancel()
-		if _, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(w.Namespace).Update(uctx, upd, metav1.UpdateOptions{}); err != nil {
+		_, err = i.deps.CCE.CceV1alpha1().WorkloadEndpoints(w.Namespace).Update(uctx, upd, metav1.UpdateOptions{})
+		i.wepWritten(err)
+		if err != nil {
 			i.log.Info("gc: could not mark a PSTS wep whose pod is gone", "wep", w.Namespace+"/"+w.Name, "err", err)
 			return
 		}

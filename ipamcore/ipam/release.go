@@ -155,6 +155,7 @@ func (i *IPAM) keepOnRelease(ctx context.Context, upd *cce.WorkloadEndpoint, tok
 	uctx, cancel := fencedContext(ctx, until)
 	defer cancel()
 	kept, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(upd.Namespace).Update(uctx, upd, metav1.UpdateOptions{})
+	i.wepWritten(err)
 	if err != nil {
 		i.log.Info("could not stamp a kept wep on release", "wep", upd.Namespace+"/"+upd.Name, "err", err)
 		return nil, false

@@ -65,6 +65,7 @@ func (i *IPAM) repairWEP(ctx context.Context, w *cce.WorkloadEndpoint) {
 		tok.Stamp(upd)
 	}
 	_, err = i.deps.CCE.CceV1alpha1().WorkloadEndpoints(w.Namespace).Update(ctx, upd, metav1.UpdateOptions{})
+	i.wepWritten(err)
 	switch {
 	case err == nil:
 		i.metrics.gcActions.WithLabelValues(gcWEPENIRepaired).Inc()

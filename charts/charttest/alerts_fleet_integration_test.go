@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,12 +20,15 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 	"github.com/cce-ipam/sharded/e2e/fleet"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
+	"github.com/cce-ipam/sharded/shard"
 )
 
 // The chart's alerts fire on live replicas when their condition is created,
@@ -43,22 +47,22 @@ import (
 //   - CCEIPAMFencingPolicyMissing: the binding of partition 0 of the fencing
 //     policy deleted (then restored) in the fleet's control plane;
 //   - CCEIPAMMembersBelowReplicas: one replica SIGSTOPped;
+//   - CCEIPAMFencedWrites: a replica frozen right before a wep Create (the
+//     before-wep-create failpoint, armed on every replica through the
+//     environment, inert until its file exists) and resumed once another
+//     replica holds the node's partition: the API server's fencing policy
+//     refuses the Create, counted in cce_ipam_fenced_writes_total{by="apiserver"}
+//     (the replica's own refusals, by="replica", come only in the moment
+//     between its Lease lapsing and its ownership loop stopping the node's
+//     work: no condition makes them on demand);
 //   - CCEIPAMLeaseInvalid: kube-apiserver down, so no replica renews;
 //   - CCEIPAMOwnerWaitTimeouts: meanwhile an ADD to every replica for a
 //     node that, with no valid Lease anywhere, has no owner (owner wait 5 s);
 //   - CCEIPAMSubnetNearlyFull: a node added in a /27 of its own (below the
 //     default threshold of 32 free IPs; not undone);
 //   - CCEIPAMNoReplicaUp: every replica SIGSTOPped.
-//
-// CCEIPAMFencedWrites is only asserted not to fire on the healthy fleet (and
-// has a promtool test, TestChart_AlertRules): cce_ipam_fenced_writes_total
-// counts the writes a replica's own fence refuses, which happen only in the
-// moment between its Lease lapsing and its ownership loop stopping the
-// node's work (after a SIGCONT, if at all; not in a kube-apiserver outage),
-// and not the writes the API server's fencing policy refuses. No condition
-// makes them a steady stream on demand yet.
 func TestChart_AlertsFireOnFleet(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 14*time.Minute)
 	defer cancel()
 	promBin, err := exec.LookPath("prometheus")
 	if err != nil {
@@ -78,10 +82,17 @@ func TestChart_AlertsFireOnFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	freezeDir := t.TempDir()
+	freeze := func(index int) string { return filepath.Join(freezeDir, "freeze-"+strconv.Itoa(index)) }
 	f := fleet.Start(t, fleet.Options{Name: "alerts", Replicas: 3, Nodes: 3, BinDir: binDir(t), NoSimRateLimits: true,
 		// sharding.ownerWait: a CNI call for a node without owner gives up
 		// well within the lease case's kube-apiserver outage.
-		ReplicaArgs: []string{"--shard-owner-wait", "5s"}})
+		ReplicaArgs: []string{"--shard-owner-wait", "5s"},
+		// The fenced-writes case's failpoint (ipamcore/ipam/failpoint.go):
+		// inert until the test creates the file.
+		ReplicaEnvFunc: func(index int) []string {
+			return []string{"CCE_IPAM_TEST_FAILPOINT=before-wep-create=" + freeze(index)}
+		}})
 	var addrs []string
 	for _, r := range f.Replicas() {
 		addrs = append(addrs, r.MetricsAddr())
@@ -192,6 +203,102 @@ func TestChart_AlertsFireOnFleet(t *testing.T) {
 		if err := r.Cont(); err != nil {
 			t.Fatal(err)
 		}
+		waitAlert(t, ctx, prom, "CCEIPAMMembersBelowReplicas", false, time.Minute)
+	})
+
+	t.Run("fenced writes", func(t *testing.T) {
+		waitAlert(t, ctx, prom, "CCEIPAMFencedWrites", false, 30*time.Second)
+		node := f.Nodes()[0]
+		idx, err := f.NodeOwner(ctx, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		victim := f.Replica(idx)
+		st, err := victim.ShardStatus(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Arm the failpoint on the node's owner, and give the node a pod:
+		// the kubelet's ADD reaches the owner, which passes its fence and
+		// stops before the wep Create.
+		fp := freeze(idx)
+		if err := os.WriteFile(fp, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = os.Remove(fp)
+			_ = victim.Cont()
+		})
+		pods := f.Kube.CoreV1().Pods("default")
+		if _, err := pods.Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "fenced-write"},
+			Spec: corev1.PodSpec{NodeName: node, TerminationGracePeriodSeconds: new(int64(0)),
+				Containers: []corev1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10"}}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		hctx, hcancel := context.WithTimeout(ctx, 90*time.Second)
+		defer hcancel()
+		eventually(t, hctx, 50*time.Millisecond, "the owner reaching the failpoint", func() error {
+			_, err := os.Stat(fp + ".hit")
+			return err
+		})
+		detail, _ := os.ReadFile(fp + ".hit")
+		t.Logf("replica %d (%s) frozen before its wep Create: %s", idx, st.Self, strings.TrimSpace(string(detail)))
+
+		// Freeze the whole process until another replica holds the
+		// node's partition, then let the Create out.
+		if err := victim.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		// A failed scrape marks the replica's series stale: the next value
+		// Prometheus gets is one from after the resume.
+		fencedSeries := fmt.Sprintf(`cce_ipam_fenced_writes_total{by="apiserver", instance=%q}`, victim.MetricsAddr())
+		waitQuery(t, ctx, prom, 30*time.Second, fmt.Sprintf(`up{instance=%q} == 0`, victim.MetricsAddr()))
+		claims := f.Kube.CoordinationV1().Leases(f.Options().LeaseNamespace)
+		claim := shard.PartitionLeaseName(shard.PartitionOf(271, node))
+		cctx, ccancel := context.WithTimeout(ctx, time.Minute)
+		defer ccancel()
+		eventually(t, cctx, 200*time.Millisecond, claim+" taken over", func() error {
+			l, err := claims.Get(cctx, claim, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if h := ptr.Deref(l.Spec.HolderIdentity, ""); h == "" || h == st.Self {
+				return fmt.Errorf("held by %q", h)
+			}
+			t.Logf("%s: holder %q epoch %d", claim, ptr.Deref(l.Spec.HolderIdentity, ""), ptr.Deref(l.Spec.LeaseTransitions, 0))
+			return nil
+		})
+		// Resume the process, the Create still held: once Prometheus has
+		// a sample of the counter from after the resume, let it out. A
+		// counter whose first sample after a gap already has the refusal
+		// would show no increase within the 20 s rate window if the freeze
+		// outlasted it.
+		if err := victim.Cont(); err != nil {
+			t.Fatal(err)
+		}
+		waitQuery(t, ctx, prom, 30*time.Second, fencedSeries)
+		if err := os.Remove(fp); err != nil {
+			t.Fatal(err)
+		}
+		// The replica's own fence may refuse a write or two as it resumes
+		// (by="replica"), which the alert sums too; the API server's
+		// refusal must be there, and alone above the alert's threshold.
+		waitQuery(t, ctx, prom, time.Minute, "increase("+fencedSeries+"[20s]) > 0")
+		waitAlert(t, ctx, prom, "CCEIPAMFencedWrites", true, time.Minute)
+		// The alert's expression with by="apiserver" only (threshold: the
+		// chart's default, 0).
+		apiOnly := `sum(rate(cce_ipam_fenced_writes_total{by="apiserver"}[20s])) > 0`
+		t.Logf("fenced writes: %s; by the API server per second: %s",
+			promRaw(ctx, prom, `sum by (instance, by) (cce_ipam_fenced_writes_total) > 0`), promRaw(ctx, prom, apiOnly))
+		if n, err := promQuery(ctx, prom, apiOnly); err != nil || n == 0 {
+			t.Errorf("CCEIPAMFencedWrites fires, but the API server's refusals alone are not above its threshold (%d, %v)", n, err)
+		}
+		if err := pods.Delete(ctx, "fenced-write", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitAlert(t, ctx, prom, "CCEIPAMFencedWrites", false, time.Minute)
 		waitAlert(t, ctx, prom, "CCEIPAMMembersBelowReplicas", false, time.Minute)
 	})
 

@@ -126,7 +126,7 @@ e2e-chaos: tools binaries
 	E2E_CHAOS_DURATION=$(E2E_CHAOS_DURATION) E2E_CHAOS_SEED=$(E2E_CHAOS_SEED) \
 		$(GO) test -race -count=1 -timeout 60m -tags $(INTEGRATION_TAGS) -v -run TestChaos ./e2e/suites/chaos/
 
-## e2e-kind: images, a kind cluster, the chart with 3 replicas and bce-sim, the lifecycle suite (needs docker and kind).
+## e2e-kind: a kind cluster built offline (e2e/kind/README.md), the chart with 3 replicas and bce-sim, the lifecycle suite, a rolling update and a replica deletion under load (root).
 e2e-kind: tools
 	e2e/kind/run.sh
 

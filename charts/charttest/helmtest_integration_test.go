@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -17,7 +16,6 @@ import (
 
 	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -88,7 +86,7 @@ func TestChart_HelmTestHook(t *testing.T) {
 	if _, err := kube.CoreV1().Services(ns).Get(ctx, peers, metav1.GetOptions{}); err != nil {
 		t.Fatalf("the release's peers Service: %v", err)
 	}
-	replicaEndpoints(t, ctx, kube, f, ns, peers, map[string]string{
+	replicaEndpoints(t, ctx, f, ns, peers, map[string]string{
 		"app.kubernetes.io/name": "cce-ipam", "app.kubernetes.io/instance": release})
 
 	k := &hookKubelet{t: t, kube: kube, ns: ns, ipamctl: bin(t, "ipamctl")}
@@ -255,16 +253,10 @@ func (k *hookKubelet) serviceAccountKubeconfig(ctx context.Context, sa string) (
 // scheduled: no kubelet runs it) whose status carries its address, and the
 // EndpointSlice the endpointslice controller would write (by hand: no
 // controller-manager runs here).
-func replicaEndpoints(t *testing.T, ctx context.Context, kube kubernetes.Interface, f *fleet.Fleet, ns, svc string,
-	labels map[string]string) {
+func replicaEndpoints(t *testing.T, ctx context.Context, f *fleet.Fleet, ns, svc string, labels map[string]string) {
 	t.Helper()
-	var endpoints []discoveryv1.Endpoint
-	for _, r := range f.Replicas() {
-		host, _, err := net.SplitHostPort(r.MetricsAddr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		pod, err := kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+	err := f.ServeMetricsBehind(ctx, ns, svc, func(r *fleet.Replica) *corev1.Pod {
+		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("replica-%d", r.Index()), Labels: labels},
 			Spec: corev1.PodSpec{
 				SchedulerName: kubeletsim.ManualScheduler,
@@ -275,28 +267,9 @@ func replicaEndpoints(t *testing.T, ctx context.Context, kube kubernetes.Interfa
 					SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: new(false),
 						Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}},
 			},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
 		}
-		pod.Status.Phase = corev1.PodRunning
-		pod.Status.PodIP, pod.Status.PodIPs = host, []corev1.PodIP{{IP: host}}
-		if _, err := kube.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		endpoints = append(endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{host},
-			Conditions: discoveryv1.EndpointConditions{Ready: new(true)},
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: pod.Name, UID: pod.UID},
-		})
-	}
-	if _, err := kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: svc + "-replicas", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   endpoints,
-		Ports: []discoveryv1.EndpointPort{{Name: new("metrics"), Port: new(int32(9998)),
-			Protocol: new(corev1.ProtocolTCP)}},
-	}, metav1.CreateOptions{}); err != nil {
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 }

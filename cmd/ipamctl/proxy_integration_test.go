@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,7 +17,6 @@ import (
 
 	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -228,38 +226,6 @@ func servePeers(t *testing.T, ctx context.Context, f *fleet.Fleet, ns, svc strin
 	t.Helper()
 	kube := f.Kube
 	labels := map[string]string{"app.kubernetes.io/name": "cce-ipam", "app.kubernetes.io/instance": "ctl-test"}
-	var endpoints []discoveryv1.Endpoint
-	for _, r := range f.Replicas() {
-		host, _, err := net.SplitHostPort(r.MetricsAddr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: "cce-ipam-" + strconv.Itoa(r.Index()), Namespace: ns, Labels: labels},
-			Spec: corev1.PodSpec{
-				// Not bound by the fleet's kubelet simulator.
-				SchedulerName: kubeletsim.ManualScheduler,
-				Containers: []corev1.Container{{Name: "cce-ipam", Image: "cce-ipam",
-					Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9998}}}},
-			},
-		}
-		pod, err = kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pod.Status.Phase = corev1.PodRunning
-		pod.Status.PodIP, pod.Status.PodIPs = host, []corev1.PodIP{{IP: host}}
-		if _, err := kube.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		endpoints = append(endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{host},
-			Conditions: discoveryv1.EndpointConditions{Ready: new(true)},
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: pod.Name, UID: pod.UID},
-		})
-		name := pod.Name
-		t.Cleanup(func() { _ = kube.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}) })
-	}
 	_, err := kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: svc, Labels: labels},
 		Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, PublishNotReadyAddresses: true, Selector: labels,
@@ -269,17 +235,24 @@ func servePeers(t *testing.T, ctx context.Context, f *fleet.Fleet, ns, svc strin
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = kube.CoreV1().Services(ns).Delete(context.Background(), svc, metav1.DeleteOptions{}) })
-	_, err = kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: svc + "-manual", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   endpoints,
-		Ports:       []discoveryv1.EndpointPort{{Name: new("metrics"), Port: new(int32(9998)), Protocol: new(corev1.ProtocolTCP)}},
-	}, metav1.CreateOptions{})
+	err = f.ServeMetricsBehind(ctx, ns, svc, func(r *fleet.Replica) *corev1.Pod {
+		name := "cce-ipam-" + strconv.Itoa(r.Index())
+		t.Cleanup(func() { _ = kube.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
+			Spec: corev1.PodSpec{
+				// Not bound by the fleet's kubelet simulator.
+				SchedulerName: kubeletsim.ManualScheduler,
+				Containers: []corev1.Container{{Name: "cce-ipam", Image: "cce-ipam",
+					Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9998}}}},
+			},
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = kube.DiscoveryV1().EndpointSlices(ns).Delete(context.Background(), svc+"-manual", metav1.DeleteOptions{})
+		_ = kube.DiscoveryV1().EndpointSlices(ns).Delete(context.Background(), svc+"-replicas", metav1.DeleteOptions{})
 	})
 }
 

@@ -28,6 +28,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -56,7 +57,7 @@ func main() {
 	}
 	args := os.Args[1:]
 	var minOOM *int
-	if contains(drop, "CAP_SYS_RESOURCE") {
+	if slices.Contains(drop, "CAP_SYS_RESOURCE") {
 		if b, err := os.ReadFile("/proc/self/oom_score_adj"); err == nil {
 			if v, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
 				minOOM = &v
@@ -176,7 +177,7 @@ func edit(file string, isProcess bool, drop []string, minOOM *int) error {
 		}
 		kept := list[:0:0]
 		for _, c := range list {
-			if s, ok := c.(string); ok && contains(drop, s) {
+			if s, ok := c.(string); ok && slices.Contains(drop, s) {
 				changed = true
 				continue
 			}
@@ -228,13 +229,4 @@ func missingCaps(status string) ([]string, error) {
 		return out, nil
 	}
 	return nil, fmt.Errorf("no CapBnd line")
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

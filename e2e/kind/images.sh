@@ -21,7 +21,7 @@ here=$root/e2e/kind
 log() { echo "images.sh: $*" >&2; }
 
 pinned() { awk -v m="$2" '$1 == m && $2 ~ /^v/ { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$1/go.mod"; }
-KUBE_VERSION=$(pinned "$root/e2e/tools/kubenode" k8s.io/kubernetes)
+KUBE_VERSION=$(pinned "$root/e2e/tools/kube" k8s.io/kubernetes)
 ETCD_VERSION=$(pinned "$root/e2e/tools/etcd" go.etcd.io/etcd/server/v3)
 COREDNS_VERSION=$(pinned "$root/e2e/tools/coredns" github.com/coredns/coredns)
 # kubeadm 1.37's PauseVersion: containerd's sandbox_image names it too.
@@ -44,7 +44,7 @@ if ! have "$BASE"; then
 		command -v debootstrap >/dev/null || {
 			[ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || { log "debootstrap is missing"; exit 1; }
 			log "installing debootstrap with apt"
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >&2
+			{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }; } >&2
 		}
 		log "debootstrap $SUITE (minbase + $PACKAGES)"
 		debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$work/rootfs" >"$work/debootstrap.log" 2>&1 ||

@@ -29,9 +29,10 @@ build() {
 	version=$(pinned "$dir" "$module")
 	[ -n "$version" ] || { echo "no version of $module in $dir/go.mod" >&2; exit 1; }
 	stamp="$bin_dir/.versions/$name"
+	local want_stamp="$module@$version recipe=$recipe${build_env:+ $build_env}"
 	local outputs=()
 	for spec in "$@"; do outputs+=("$bin_dir/${spec%%=*}"); done
-	if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$module@$version recipe=$recipe" ]; then
+	if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want_stamp" ]; then
 		local all=1
 		for o in "${outputs[@]}"; do [ -x "$o" ] || all=0; done
 		if [ $all = 1 ]; then
@@ -42,12 +43,24 @@ build() {
 	echo "tools: building $name ($module@$version) ..."
 	local start=$SECONDS
 	rm -f "$stamp"
+	# One `go build -o DIR/` per output directory when every binary is named
+	# after its package: the packages compile once and the links run in parallel.
+	local -A pkgs_by_dir=()
 	for spec in "$@"; do
-		mkdir -p "$(dirname "$bin_dir/${spec%%=*}")"
-		# build_env: CGO_ENABLED=0 for the binaries that go into FROM-scratch images.
-		(cd "$dir" && env ${build_env:-} go build -ldflags "${ldflags//@VERSION@/$version}" -o "$bin_dir/${spec%%=*}" "${spec#*=}")
+		local out=$bin_dir/${spec%%=*} pkg=${spec#*=}
+		mkdir -p "$(dirname "$out")"
+		if [ "$(basename "$out")" = "$(basename "$pkg")" ]; then
+			pkgs_by_dir[$(dirname "$out")]+=" $pkg"
+		else
+			# build_env: CGO_ENABLED=0 for the binaries that go into FROM-scratch images.
+			(cd "$dir" && env ${build_env:-} go build -ldflags "${ldflags//@VERSION@/$version}" -o "$out" "$pkg")
+		fi
 	done
-	echo "$module@$version recipe=$recipe" >"$stamp"
+	for out_dir in "${!pkgs_by_dir[@]}"; do
+		# shellcheck disable=SC2086 # the package list is meant to split
+		(cd "$dir" && env ${build_env:-} go build -ldflags "${ldflags//@VERSION@/$version}" -o "$out_dir/" ${pkgs_by_dir[$out_dir]})
+	done
+	echo "$want_stamp" >"$stamp"
 	echo "tools: built $name in $((SECONDS - start))s"
 }
 
@@ -68,10 +81,20 @@ want=("$@")
 [ ${#want[@]} -gt 0 ] || want=(etcd kube helm lint)
 for t in "${want[@]}"; do
 	case "$t" in
-	etcd) build etcd "$tools_dir/etcd" go.etcd.io/etcd/server/v3 "" etcd=go.etcd.io/etcd/server/v3 ;;
-	kube) build kube "$tools_dir/kube" k8s.io/kubernetes "$(kube_ldflags "$(pinned "$tools_dir/kube" k8s.io/kubernetes)")" \
-		kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
-		kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager ;;
+	etcd)
+		build_env=CGO_ENABLED=0
+		build etcd "$tools_dir/etcd" go.etcd.io/etcd/server/v3 "" etcd=go.etcd.io/etcd/server/v3
+		build_env=
+		;;
+	# Static like the kind node image's (kindnode below, the same module): one build mode, so
+	# that the two share every compiled package and the kind path's cold build costs little more.
+	kube)
+		build_env=CGO_ENABLED=0
+		build kube "$tools_dir/kube" k8s.io/kubernetes "$(kube_ldflags "$(pinned "$tools_dir/kube" k8s.io/kubernetes)")" \
+			kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+			kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager
+		build_env=
+		;;
 	helm) build helm "$tools_dir/helm" helm.sh/helm/v3 "-X helm.sh/helm/v3/internal/version.version=@VERSION@" \
 		helm=helm.sh/helm/v3/cmd/helm ;;
 	lint) build golangci-lint "$tools_dir/golangci-lint" github.com/golangci/golangci-lint/v2 "-X main.version=@VERSION@" \
@@ -80,7 +103,7 @@ for t in "${want[@]}"; do
 	# The kind node image's binaries, static, in bin/kindnode/ (e2e/kind/images.sh makes images of them).
 	kindnode)
 		build_env=CGO_ENABLED=0
-		build kindnode-kube "$tools_dir/kubenode" k8s.io/kubernetes "$(kube_ldflags "$(pinned "$tools_dir/kubenode" k8s.io/kubernetes)")" \
+		build kindnode-kube "$tools_dir/kube" k8s.io/kubernetes "$(kube_ldflags "$(pinned "$tools_dir/kube" k8s.io/kubernetes)")" \
 			kindnode/kubelet=k8s.io/kubernetes/cmd/kubelet \
 			kindnode/kubeadm=k8s.io/kubernetes/cmd/kubeadm \
 			kindnode/kubectl=k8s.io/kubernetes/cmd/kubectl \

@@ -1,7 +1,8 @@
 # cce-ipam: a sharded, active-active ENI IPAM for Baidu Cloud CCE.
 #
 #   make demo    the main job: local control plane, bce-sim, 3 cce-ipam replicas, kubelet-sim; live view until Ctrl-C
-#   make test    unit tests (-race) + integration tests against a real etcd + kube-apiserver
+#   make test    unit tests (-race) + integration tests against a real etcd + kube-apiserver, then the kind
+#                suite where Docker is usable (E2E_KIND=0 skips it)
 #
 # Test tools (etcd, kube-apiserver, kube-controller-manager, helm) are built from
 # the Go module proxy into bin/ by `make tools`, once per pinned version.
@@ -13,6 +14,9 @@ GO    ?= go
 # that a plain `go test ./...` stays a fast unit run.
 INTEGRATION_TAGS := integration
 TEST_TIMEOUT ?= 30m
+# Packages tested at once. Most integration tests wait (on gossip, Leases, watches)
+# far more than they compute, so one and a half per core keeps the cores busy.
+TEST_PARALLEL ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$((n + (n + 1) / 2)))
 
 export CCE_IPAM_BIN_DIR := $(BIN)
 
@@ -49,13 +53,15 @@ fmt:
 unit:
 	$(GO) test -race -count=1 ./...
 
-## test: the README's test command: tools, lint, unit + integration tests with -race.
+## test: the README's test command: tools, lint, unit + integration tests with -race, then the kind
+## suite (e2e/kind/suite.sh: run when Docker is usable here, else skipped with the reason; E2E_KIND=0|1|auto).
 test: tools binaries lint
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags $(INTEGRATION_TAGS) ./...
+	$(GO) test -race -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) -tags $(INTEGRATION_TAGS) ./...
+	@e2e/kind/suite.sh
 
 ## integration: the same as test without the lint step.
 integration: tools binaries
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags $(INTEGRATION_TAGS) ./...
+	$(GO) test -race -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) -tags $(INTEGRATION_TAGS) ./...
 
 ## generate: regenerate committed code (API clientsets, CRD manifests, gRPC stubs).
 ## Each generator has a test that fails when its committed output is stale.
@@ -127,7 +133,7 @@ e2e-chaos: tools binaries
 		$(GO) test -race -count=1 -timeout 60m -tags $(INTEGRATION_TAGS) -v -run TestChaos ./e2e/suites/chaos/
 
 ## e2e-kind: a kind cluster built offline (e2e/kind/README.md), the chart with 3 replicas and bce-sim, the lifecycle suite, a rolling update and a replica deletion under load (root).
-e2e-kind: tools
+e2e-kind: tools binaries
 	e2e/kind/run.sh
 
 ## bench: the benchmark report, bench/results/<date>/report.md (short) or report-long.md, with plots.

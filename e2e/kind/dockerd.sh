@@ -92,7 +92,7 @@ start)
 	if ! command -v dockerd >/dev/null; then
 		if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 			log "no dockerd: installing Debian's docker.io with apt"
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >&2
+			{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io; }; } >&2
 		else
 			log "no dockerd, and apt-get as root is not available to install docker.io"
 			exit 1

@@ -30,16 +30,24 @@ trap cleanup EXIT
 port=$(kubectl -n "$NS" get svc "$RELEASE" -o jsonpath='{.spec.ports[?(@.name=="grpc")].nodePort}')
 cp_ip=$(kubectl get node -l node-role.kubernetes.io/control-plane -o jsonpath='{.items[0].status.addresses[?(@.type=="InternalIP")].address}')
 [ -n "$port" ] && [ -n "$cp_ip" ] || { echo "rollout: the CNI Service has no NodePort ($port) or no control-plane address ($cp_ip)" >&2; exit 1; }
-metrics=127.0.0.1:$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-log "CNI Service through kube-proxy at $cp_ip:$port; kubelet-sim metrics at $metrics"
+log "CNI Service through kube-proxy at $cp_ip:$port"
 
 kubectl create namespace "$LOAD_NS" >/dev/null
 "$BIN/kubelet-sim" --kubeconfig "$KUBECONFIG" --name rollout --node-prefix roll --nodes 6 --namespace "$LOAD_NS" \
 	--cni-endpoint "$cp_ip:$port" --cni-timeout 60s --bce-endpoint "http://$BCE" \
 	--bce-access-key-id AKFLEET --bce-secret-access-key SKfleetSecret \
 	--cluster-id cce-kind --vpc-id vpc-kind --subnet-id sbn-kind --security-group g-kind --zone cn-bj-a \
-	--metrics-listen "$metrics" --stats-period 0 --log-level debug >"$WORK/kubelet-sim.log" 2>&1 &
+	--metrics-listen 127.0.0.1:0 --stats-period 0 --log-level debug >"$WORK/kubelet-sim.log" 2>&1 &
 SIM_PID=$!
+metrics=
+for _ in $(seq 1 100); do
+	metrics=$(sed -n 's/.*"serving metrics".*addr=\([0-9.:]*\).*/\1/p; s/.*"msg":"serving metrics".*"addr":"\([0-9.:]*\)".*/\1/p' "$WORK/kubelet-sim.log" | head -n 1)
+	[ -n "$metrics" ] && break
+	kill -0 "$SIM_PID" 2>/dev/null || { echo "rollout: kubelet-sim exited:" >&2; tail -20 "$WORK/kubelet-sim.log" >&2; exit 1; }
+	sleep 0.2
+done
+[ -n "$metrics" ] || { echo "rollout: kubelet-sim did not log its metrics address:" >&2; tail -20 "$WORK/kubelet-sim.log" >&2; exit 1; }
+log "kubelet-sim metrics at $metrics"
 for _ in $(seq 1 120); do
 	[ "$(kubectl get nodes -l kubeletsim.cce-ipam.io/simulator=rollout --no-headers 2>/dev/null | grep -c ' Ready')" = 6 ] && break
 	sleep 1

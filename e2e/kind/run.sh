@@ -36,6 +36,12 @@ export KUBECONFIG="$WORK/kubeconfig"
 log() { printf '[e2e-kind %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 command -v go >/dev/null || { echo "e2e-kind: go is not installed" >&2; exit 1; }
+# rollout.sh reads kubelet-sim's metrics with curl, which a minimal Debian lacks.
+if ! command -v curl >/dev/null; then
+	[[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null || { echo "e2e-kind: curl is not installed" >&2; exit 1; }
+	log "installing curl with apt"
+	{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q curl || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q curl; }; } >&2
+fi
 log "tools: kind, the node image's Kubernetes, helm (bin/, cached by version)"
 "$ROOT/e2e/tools/build.sh" "$BIN" kind kindnode helm >&2
 KIND="$BIN/kind"
@@ -110,7 +116,12 @@ if [[ -z "$minor" || "$minor" -lt 31 ]]; then
 	echo "e2e-kind: the cluster runs Kubernetes 1.${minor:-?}; the CRDs need 1.31 or later (set KIND_NODE_IMAGE)" >&2
 	exit 1
 fi
-kubectl -n kube-system rollout status deployment/coredns --timeout=120s
+# The chart goes in while CoreDNS is down: on CCE, CoreDNS's own pods may be
+# waiting for IPs from us, so the replicas must form one gossip ring without
+# cluster DNS (the replica Leases seed the join). CoreDNS comes back before
+# the suites, which need it only for the replicas' BCE endpoint name.
+log "CoreDNS scaled to 0 for the install: gossip must form without cluster DNS"
+kubectl -n kube-system scale deployment/coredns --replicas=0
 
 log "loading images into the cluster"
 kind load docker-image --name "$NAME" "$IMAGE" "$IMAGE_SIM"
@@ -123,6 +134,30 @@ kubectl -n "$NS" rollout status deployment/bce-sim --timeout=180s
 log "installing the chart with 3 replicas"
 "$HELM" install cce-ipam "$ROOT/charts/cce-ipam" --namespace "$NS" -f "$HERE/values.yaml" --wait --timeout 5m
 kubectl -n "$NS" rollout status deployment/cce-ipam --timeout=180s
+# check, through the API server's service proxy (no DNS): the answering
+# replica sees 3 live members and every partition held. Asked until three
+# answers in a row pass, so that each is likely to come from another replica.
+start=$SECONDS passes=0
+while [[ $passes -lt 3 ]]; do
+	if "$BIN/ipamctl" -n "$NS" --service cce-ipam-peers check --replicas 3 >"$WORK/check.out" 2>&1; then
+		passes=$((passes + 1))
+	else
+		passes=0
+		if [[ $((SECONDS - start)) -gt 90 ]]; then
+			echo "e2e-kind: the replicas did not form one ring of 3 without cluster DNS within 90 s:" >&2
+			cat "$WORK/check.out" >&2
+			"$BIN/ipamctl" -n "$NS" --service cce-ipam-peers members >&2 || true
+			exit 1
+		fi
+		sleep 1
+	fi
+done
+log "gossip without cluster DNS: one ring of 3 replicas, every partition held ($((SECONDS - start)) s after the rollout)"
+"$BIN/ipamctl" -n "$NS" --service cce-ipam-peers members
+dns_pods=$(kubectl -n kube-system get pods -l k8s-app=kube-dns --no-headers 2>/dev/null | wc -l)
+[[ "$dns_pods" == 0 ]] || { echo "e2e-kind: $dns_pods CoreDNS pods existed during the check" >&2; exit 1; }
+kubectl -n kube-system scale deployment/coredns --replicas=2
+kubectl -n kube-system rollout status deployment/coredns --timeout=120s
 
 # forward TARGET PORT: starts `kubectl port-forward TARGET :PORT` in the
 # background (its PID goes to FORWARDS, for cleanup) and sets ADDR to the
@@ -173,8 +208,11 @@ E2E_CLUSTER_ID=cce-kind \
 E2E_VPC_ID=vpc-kind \
 E2E_SUBNET_ID=sbn-kind \
 E2E_SECURITY_GROUP=g-kind \
-	go test -tags integration -count=1 -v -timeout 30m ./e2e/suites/lifecycle/
+	go test -race -tags integration -count=1 -v -timeout 30m ./e2e/suites/lifecycle/
 
 log "rolling update and pod deletion under load (e2e/kind/rollout.sh)"
 "$HERE/rollout.sh" "$BIN" "$NS" cce-ipam "$ROOT/charts/cce-ipam" "$HERE/values.yaml" "$SIM_ADDR"
+
+log "helm uninstall leaves only what the chart README says (e2e/kind/uninstall.sh)"
+"$HERE/uninstall.sh" "$BIN" "$NS" cce-ipam "$NAME"
 log "passed"

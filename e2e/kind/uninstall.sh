@@ -4,8 +4,8 @@
 #   - the CRDs (Helm never deletes what a chart's crds/ installed) and the
 #     custom resources in them (IPPools, WorkloadEndpoints, Subnets, ...),
 #   - in the release namespace, the objects the replicas create themselves:
-#     the Secret <fullname>-keys, the webhook certificate Secret and the
-#     Leases <fullname>-*; and Events.
+#     the Secret <fullname>-keys, the webhook certificate Secret
+#     <fullname>-webhook-certs and the Leases <fullname>-*; and Events.
 # Every other object, in any namespace or cluster-scoped, whose name holds
 # the release's fullname is a leftover and fails the check; objects named
 # after the kind cluster (its nodes, their Leases and static pods) are the
@@ -35,11 +35,9 @@ left=()
 kept=()
 while read -r kind ns name; do
 	case "$kind/$ns/$name" in
-	"Secret/$NS/$RELEASE-keys" | "Secret/$NS/$RELEASE-webhook-cert" | "Lease/$NS/$RELEASE-"*)
+	# The webhook certificate Secret: webhook.secretName, default <fullname>-webhook-certs.
+	"Secret/$NS/$RELEASE-keys" | "Secret/$NS/$RELEASE-webhook-certs" | "Lease/$NS/$RELEASE-"*)
 		kept+=("$kind/$ns/$name") ;;
-	"Secret/$NS/$RELEASE-"*)
-		# The webhook certificate Secret's name is webhook.secretName, default <fullname>-webhook-*.
-		if [[ "$name" == *webhook* ]]; then kept+=("$kind/$ns/$name"); else left+=("$kind/$ns/$name"); fi ;;
 	*) left+=("$kind/$ns/$name") ;;
 	esac
 done <"${TMPDIR:-/tmp}/uninstall-left.$$"

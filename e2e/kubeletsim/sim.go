@@ -321,7 +321,7 @@ func (s *Simulator) allocate(ctx context.Context, rt *runState, namespace, name,
 		K8SNodeName: node, IPType: rpc.IPType_BCCMultiENIMultiIPType,
 	})
 	d := time.Since(start)
-	s.metrics.duration.WithLabelValues("AllocateIP").Observe(d.Seconds())
+	s.metrics.observeCall("AllocateIP", d)
 	switch {
 	case err != nil:
 	case !reply.IsSuccess:
@@ -352,18 +352,19 @@ func (s *Simulator) release(ctx context.Context, rt *runState, namespace, name, 
 		K8SPodName: name, K8SPodNamespace: namespace, K8SPodInfraContainerID: containerID,
 		IPType: rpc.IPType_BCCMultiENIMultiIPType,
 	})
-	s.metrics.duration.WithLabelValues("ReleaseIP").Observe(time.Since(start).Seconds())
+	d := time.Since(start)
+	s.metrics.observeCall("ReleaseIP", d)
 	if err == nil && !reply.IsSuccess {
 		err = errors.New(reply.ErrMsg)
 	}
 	if err != nil {
-		s.log.Debug("CNI DEL failed", "pod", namespace+"/"+name, "container", containerID, "err", err)
+		s.log.Debug("CNI DEL failed", "pod", namespace+"/"+name, "container", containerID, "duration", d, "err", err)
 		s.counts.releaseErrors.Add(1)
 		s.counts.failed(&s.counts.lastRelErr, err)
 		s.metrics.calls.WithLabelValues("ReleaseIP", "error").Inc()
 		return err
 	}
-	s.log.Debug("CNI DEL", "pod", namespace+"/"+name, "container", containerID)
+	s.log.Debug("CNI DEL", "pod", namespace+"/"+name, "container", containerID, "duration", d)
 	s.counts.releases.Add(1)
 	s.metrics.calls.WithLabelValues("ReleaseIP", "ok").Inc()
 	return nil

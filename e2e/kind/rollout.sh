@@ -6,7 +6,10 @@
 # Load: a host-side kubelet-sim plays 6 simulated BCC nodes and calls the CNI
 # Service the way a node's CNI plugin does: through kube-proxy (the Service is
 # a NodePort here; the calls go to the control-plane node's port, so readiness
-# gating and endpoint changes are the cluster's own). A Deployment of 20 pause
+# gating and endpoint changes are the cluster's own), on a new connection per
+# call as the plugin's process does, so that kube-proxy balances every call
+# over the ready endpoints: a replica that is not ready yet or is terminating
+# must get no call it fails. A Deployment of 20 pause
 # pods on those nodes churns (Running pods deleted and replaced) during each
 # disruption.
 # Pass: no CNI call failed; the figures (calls, failed, the longest call of
@@ -35,7 +38,7 @@ log "CNI Service through kube-proxy at $cp_ip:$port"
 
 kubectl create namespace "$LOAD_NS" >/dev/null
 "$BIN/kubelet-sim" --kubeconfig "$KUBECONFIG" --name rollout --node-prefix roll --nodes 6 --namespace "$LOAD_NS" \
-	--cni-endpoint "$cp_ip:$port" --cni-timeout 60s --bce-endpoint "http://$BCE" \
+	--cni-endpoint "$cp_ip:$port" --cni-connection-per-call --cni-timeout 60s --bce-endpoint "http://$BCE" \
 	--bce-access-key-id AKFLEET --bce-secret-access-key SKfleetSecret \
 	--cluster-id cce-kind --vpc-id vpc-kind --subnet-id sbn-kind --security-group g-kind --zone cn-bj-a \
 	--metrics-listen 127.0.0.1:0 --stats-period 0 --log-level debug >"$WORK/kubelet-sim.log" 2>&1 &

@@ -36,6 +36,12 @@ type Config struct {
 	// calls spread over the replicas and a retry after a failure usually
 	// reaches another one, as a Service in front of the replicas would do.
 	CNIEndpoints []string
+	// CNIConnectionPerCall opens a new connection for every CNI call, as the
+	// CNI plugin does (a process per call): through a Service, every call is
+	// then balanced on its own, and a replica that leaves the endpoints gets
+	// no new calls. By default one connection per endpoint is kept, which a
+	// Service pins to one backend.
+	CNIConnectionPerCall bool
 	// Namespace limits the pods the simulator schedules and runs; empty means
 	// every namespace.
 	Namespace string
@@ -101,6 +107,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 		"host:port of the IPAM's CNI gRPC service (rpc.CNIBackend); this or --cni-endpoints is required")
 	fs.StringSliceVar(&c.CNIEndpoints, "cni-endpoints", nil,
 		"more CNI service addresses (comma-separated); each call goes to a random one of all endpoints")
+	fs.BoolVar(&c.CNIConnectionPerCall, "cni-connection-per-call", false,
+		"open a new connection for every CNI call, as the CNI plugin binary does (through a Service each call is balanced on its own)")
 	fs.StringVar(&c.Namespace, "namespace", "", "only schedule and run pods of this namespace; empty means all")
 	fs.IntVar(&c.Workers, "workers", 32, "pods handled at once (binds, CNI calls, status writes)")
 	fs.BoolVar(&c.NoScheduling, "no-scheduling", false, "do not bind unscheduled pods (leave them to a real scheduler)")

@@ -129,7 +129,7 @@ func (s *Simulator) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("kubeletsim: Run called twice")
 	}
-	clients, closeConns, err := dialCNI(endpoints)
+	clients, closeConns, err := dialCNI(endpoints, s.cfg.CNIConnectionPerCall)
 	if err != nil {
 		return err
 	}
@@ -170,8 +170,9 @@ func (s *Simulator) Run(ctx context.Context) error {
 	return nil
 }
 
-// dialCNI opens one gRPC connection per endpoint; closeConns closes them.
-func dialCNI(endpoints []string) (clients spreadClient, closeConns func(), err error) {
+// dialCNI opens one gRPC connection per endpoint, or with perCall none:
+// every call then opens its own; closeConns closes them.
+func dialCNI(endpoints []string, perCall bool) (clients spreadClient, closeConns func(), err error) {
 	var conns []*grpc.ClientConn
 	closeConns = func() {
 		for _, c := range conns {
@@ -179,6 +180,10 @@ func dialCNI(endpoints []string) (clients spreadClient, closeConns func(), err e
 		}
 	}
 	for _, ep := range endpoints {
+		if perCall {
+			clients = append(clients, perCallClient{endpoint: ep})
+			continue
+		}
 		conn, err := grpc.NewClient(ep, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			closeConns()
@@ -383,4 +388,31 @@ func nodeDeletionTimestamp(obj any) *metav1.Time {
 		return n.DeletionTimestamp
 	}
 	return nil
+}
+
+// perCallClient opens a connection for each call and closes it after, as a
+// CNI plugin process does.
+type perCallClient struct{ endpoint string }
+
+func callOnce[Req, Reply any](ctx context.Context, endpoint string, req Req,
+	call func(rpc.CNIBackendClient, context.Context, Req, ...grpc.CallOption) (Reply, error), opts ...grpc.CallOption) (Reply, error) {
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		var zero Reply
+		return zero, fmt.Errorf("kubeletsim: CNI endpoint %s: %w", endpoint, err)
+	}
+	defer func() { _ = conn.Close() }()
+	return call(rpc.NewCNIBackendClient(conn), ctx, req, opts...)
+}
+
+func (p perCallClient) AllocateIP(ctx context.Context, in *rpc.AllocateIPRequest, opts ...grpc.CallOption) (*rpc.AllocateIPReply, error) {
+	return callOnce(ctx, p.endpoint, in, rpc.CNIBackendClient.AllocateIP, opts...)
+}
+
+func (p perCallClient) ReleaseIP(ctx context.Context, in *rpc.ReleaseIPRequest, opts ...grpc.CallOption) (*rpc.ReleaseIPReply, error) {
+	return callOnce(ctx, p.endpoint, in, rpc.CNIBackendClient.ReleaseIP, opts...)
+}
+
+func (p perCallClient) CheckIP(ctx context.Context, in *rpc.CheckIPRequest, opts ...grpc.CallOption) (*rpc.CheckIPReply, error) {
+	return callOnce(ctx, p.endpoint, in, rpc.CNIBackendClient.CheckIP, opts...)
 }

@@ -24,7 +24,9 @@ func (l *countingListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
-type okCNI struct{ rpc.UnimplementedCNIBackendServer }
+type okCNI struct {
+	rpc.UnimplementedCNIBackendServer
+}
 
 func (okCNI) AllocateIP(context.Context, *rpc.AllocateIPRequest) (*rpc.AllocateIPReply, error) {
 	return &rpc.AllocateIPReply{IsSuccess: true}, nil

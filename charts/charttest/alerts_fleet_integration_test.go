@@ -358,7 +358,12 @@ func TestChart_AlertsFireOnFleet(t *testing.T) {
 		if _, err := f.AddNodesIn(ctx, 1, "sbn-alerts-tiny"); err != nil {
 			t.Fatal(err)
 		}
-		waitAlert(t, ctx, prom, "CCEIPAMSubnetNearlyFull", true, 90*time.Second)
+		// Two steps, so that a slow one is named: the new node's pool
+		// lists the subnet and a replica describes it (after the API
+		// server's restart above, under a loaded machine this has taken
+		// over 90 s), then the alert's rule (for 3 s) fires.
+		waitQuery(t, ctx, prom, 3*time.Minute, `cce_ipam_subnet_available_ips{subnet="sbn-alerts-tiny"}`)
+		waitAlert(t, ctx, prom, "CCEIPAMSubnetNearlyFull", true, time.Minute)
 		t.Logf("free IPs: %s", promRaw(ctx, prom, `max by (subnet) (cce_ipam_subnet_available_ips)`))
 	})
 

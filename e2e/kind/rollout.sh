@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Real-cluster behaviour the process harness cannot show (#23), run by run.sh
 # against its kind cluster: CNI calls keep succeeding while
-#   1. the Deployment rolls (helm upgrade with a changed value), and
-#   2. a replica pod is deleted (kubelet-style SIGTERM and grace period).
+#   1. the Deployment rolls (helm upgrade with a changed value),
+#   2. a replica pod is deleted (kubelet-style SIGTERM and grace period), and
+#   3. a kind node running a replica is killed (docker kill): the survivors
+#      take its partitions; calls that kube-proxy sends to the dead endpoint
+#      fail until the node is NotReady and the endpoint leaves the Service
+#      (counted and reported: the kubelet retries them), none after that; every
+#      pod gets its IP and no address is held twice.
 # Load: a host-side kubelet-sim plays 6 simulated BCC nodes and calls the CNI
 # Service the way a node's CNI plugin does: through kube-proxy (the Service is
 # a NodePort here; the calls go to the control-plane node's port, so readiness
@@ -95,6 +100,9 @@ churn() {
 	done
 }
 failed_total() { echo $(( $(calls AllocateIP "") + $(calls ReleaseIP "") - $(calls AllocateIP ok) - $(calls ReleaseIP ok) )); }
+# FAILED_BASE: failed calls check() forgives, those of the node kill before
+# the dead endpoint left the Service (reported on their own).
+FAILED_BASE=0
 
 # phase_max: the longest CNI call (ADD or DEL, ok or failed) logged since the
 # phase began (kubelet-sim logs every call at debug level with its duration in
@@ -108,7 +116,7 @@ begin_phase() { MARK=$(wc -l <"$WORK/kubelet-sim.log"); }
 check() { # name
 	local total failed
 	total=$(( $(calls AllocateIP "") + $(calls ReleaseIP "") ))
-	failed=$(failed_total)
+	failed=$(( $(failed_total) - FAILED_BASE ))
 	log "$1: CNI calls so far $total, failed $failed; longest call in this phase $(phase_max) s, in the run $(slowest) s"
 	if [ "$failed" != 0 ]; then
 		echo "rollout: $1: $failed CNI calls failed; kubelet-sim's log:" >&2
@@ -143,6 +151,75 @@ sleep 6
 kill "$CHURN_PID"; wait "$CHURN_PID" 2>/dev/null || true; CHURN_PID=
 log "deleted $victim; replaced and ready in $((SECONDS - start)) s"
 check "pod deletion"
+
+log "3. a kind node running a replica killed (docker kill) under load"
+begin_phase
+# A replica whose node does not run bce-sim (the cloud stays up).
+sim_node=$(kubectl -n "$NS" get pods -l app=bce-sim -o jsonpath='{.items[0].spec.nodeName}')
+read -r victim node < <(kubectl -n "$NS" get pods -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/name=cce-ipam" \
+	-o jsonpath='{range .items[*]}{.metadata.name} {.spec.nodeName} {.metadata.deletionTimestamp}{"\n"}{end}' |
+	awk -v s="$sim_node" 'NF == 2 && $2 != s { print $1, $2; exit }')
+[ -n "${node:-}" ] || { echo "rollout: no replica on a node without bce-sim" >&2; exit 1; }
+victim_ip=$(kubectl -n "$NS" get pod "$victim" -o jsonpath='{.status.podIP}')
+churn & CHURN_PID=$!
+start=$SECONDS
+docker kill "$node" >/dev/null
+log "killed node $node (replica $victim, $victim_ip)"
+# The survivors hold every partition: the dead replica's Lease expired and
+# its partitions moved (asked through the API server's service proxy, which
+# may still pick the dead endpoint: asked again).
+until "$BIN/ipamctl" -n "$NS" --service "$RELEASE-peers" check --replicas 2 >"$WORK/check.out" 2>&1; do
+	if [ $((SECONDS - start)) -gt 120 ]; then
+		echo "rollout: the two survivors did not hold every partition within 120 s:" >&2
+		cat "$WORK/check.out" >&2
+		exit 1
+	fi
+	sleep 1
+done
+takeover=$((SECONDS - start))
+log "survivors hold every partition ${takeover} s after the kill"
+# Calls through the Service still reach the dead endpoint until the node is
+# NotReady (node-monitor-grace-period, 20 s in cluster.yaml) and its pods are
+# marked not ready. Those calls fail to connect, and the kubelet retries them;
+# after that, no call may fail.
+until [ -z "$(kubectl -n "$NS" get endpointslices -l "kubernetes.io/service-name=$RELEASE" \
+	-o jsonpath='{range .items[*].endpoints[?(@.conditions.ready==true)]}{.addresses[0]}{"\n"}{end}' | grep -Fx "$victim_ip")" ]; do
+	if [ $((SECONDS - start)) -gt 150 ]; then
+		echo "rollout: the dead replica $victim is still a ready endpoint of the CNI Service 150 s after the kill" >&2
+		exit 1
+	fi
+	sleep 1
+done
+gated=$((SECONDS - start))
+sleep 3 # kube-proxy's rules follow the EndpointSlice
+failed_at_gate=$(failed_total)
+log "the dead replica left the CNI Service's ready endpoints ${gated} s after the kill; CNI calls failed until then: $failed_at_gate (connection refused or unreachable: the dead endpoint)"
+sleep 15
+kill "$CHURN_PID"; wait "$CHURN_PID" 2>/dev/null || true; CHURN_PID=
+failed_after=$(( $(failed_total) - failed_at_gate ))
+log "node kill: CNI calls so far $(( $(calls AllocateIP "") + $(calls ReleaseIP "") )), failed after the endpoint left: $failed_after; longest call in this phase $(phase_max) s"
+[ "$failed_after" = 0 ] || { echo "rollout: $failed_after CNI calls failed after the dead replica left the Service" >&2; exit 1; }
+# Every churned pod got its IP (the failed ADDs were retried), and no address
+# is held by two WorkloadEndpoints.
+kubectl -n "$LOAD_NS" wait --for=condition=Ready pod -l app=load --timeout=120s >/dev/null ||
+	{ echo "rollout: load pods not Ready after the node kill:" >&2; kubectl -n "$LOAD_NS" get pods -o wide >&2; exit 1; }
+dups=$(kubectl get workloadendpoints.cce.io -A -o jsonpath='{range .items[*]}{.spec.ip}{"\n"}{end}' | grep . | sort | uniq -d)
+[ -z "$dups" ] || { echo "rollout: addresses held by two WorkloadEndpoints: $dups" >&2; exit 1; }
+# As an operator would for a node that is gone: delete it and its pod; the
+# Deployment's replacement starts on the free system node and the ring is 3 again.
+kubectl delete node "$node" --wait=false >/dev/null
+kubectl -n "$NS" delete pod "$victim" --force --grace-period=0 >/dev/null 2>&1 || true
+kubectl -n "$NS" rollout status "deployment/$RELEASE" --timeout=180s >/dev/null
+start=$SECONDS
+until "$BIN/ipamctl" -n "$NS" --service "$RELEASE-peers" check --replicas 3 >"$WORK/check.out" 2>&1; do
+	[ $((SECONDS - start)) -le 90 ] || { echo "rollout: no ring of 3 after the replacement:" >&2; cat "$WORK/check.out" >&2; exit 1; }
+	sleep 1
+done
+log "node deleted, replacement replica ready, ring of 3 again"
+failed_nodekill=$failed_at_gate
+# The earlier phases' figure (0) is checked by check(); the node kill's own
+# failed calls are the ones before the gate, reported above.
+FAILED_BASE=$failed_nodekill
 
 begin_phase
 kubectl -n "$LOAD_NS" scale deploy/load --replicas=0 >/dev/null

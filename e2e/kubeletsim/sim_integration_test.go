@@ -181,12 +181,16 @@ func TestSimulator_Run_DeploymentLifecycle(t *testing.T) {
 		return left == 0 && len(weps.Items) == 0, fmt.Sprintf("%d pods, %d weps left", left, len(weps.Items))
 	})
 	t.Logf("%d pods released and removed in %s", pods, time.Since(start).Round(time.Millisecond))
-	stats = st.Kubelet.Stats()
+	// The simulator counts a pod deleted (and stops counting it on its node)
+	// when its informer reports the deletion, which may trail the List above
+	// by a watch event.
+	stack.Eventually(t, 10*time.Second, "simulator saw every deletion", func() (bool, string) {
+		stats = st.Kubelet.Stats()
+		return stats.PodsDeleted == pods, fmt.Sprintf("%d of %d deletions seen", stats.PodsDeleted, pods)
+	})
 	if stats.Releases < pods || stats.PodsDeleted != pods || stats.Sandboxes != 0 {
 		t.Errorf("stats after delete: %+v", stats)
 	}
-	// The simulator stops counting a pod when its informer reports the
-	// deletion, which may trail the List above by a watch event.
 	stack.Eventually(t, 10*time.Second, "simulator counts no pods", func() (bool, string) {
 		var counted []string
 		for _, n := range st.NodeNames() {

@@ -158,6 +158,8 @@ dns_pods=$(kubectl -n kube-system get pods -l k8s-app=kube-dns --no-headers 2>/d
 [[ "$dns_pods" == 0 ]] || { echo "e2e-kind: $dns_pods CoreDNS pods existed during the check" >&2; exit 1; }
 kubectl -n kube-system scale deployment/coredns --replicas=2
 kubectl -n kube-system rollout status deployment/coredns --timeout=120s
+log "the running install:"
+kubectl get pods -A -o wide
 
 # forward TARGET PORT: starts `kubectl port-forward TARGET :PORT` in the
 # background (its PID goes to FORWARDS, for cleanup) and sets ADDR to the

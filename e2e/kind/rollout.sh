@@ -99,7 +99,20 @@ churn() {
 		sleep 2
 	done
 }
-failed_total() { echo $(( $(calls AllocateIP "") + $(calls ReleaseIP "") - $(calls AllocateIP ok) - $(calls ReleaseIP ok) )); }
+# failed_total: CNI calls with a result other than ok, from one scrape (the
+# counters only grow; a difference of two scrapes would not).
+failed_total() {
+	curl -s "http://$metrics/metrics" | awk '/^kubeletsim_cni_calls_total/ && !index($0, "result=\"ok\"") { s += $2 } END { print s + 0 }'
+}
+# now_secs: the UTC time of day in seconds, as failed_since compares.
+now_secs() { date -u +%H:%M:%S.%N | awk '{ split($1, t, ":"); printf "%.3f", t[1] * 3600 + t[2] * 60 + t[3] }'; }
+# failed_since SECS: failed CNI calls that began after SECS (UTC seconds of the
+# day; kubelet-sim logs each call's end time and duration). Not across midnight.
+failed_since() {
+	grep '"msg":"CNI \(ADD\|DEL\) failed"' "$WORK/kubelet-sim.log" |
+		sed -n 's/.*"time":"[0-9-]*T\([0-9:.]*\)Z".*"duration":\([0-9]*\).*/\1 \2/p' |
+		awk -v g="$1" '{ split($1, t, ":"); end = t[1] * 3600 + t[2] * 60 + t[3]; if (end - $2 / 1e9 > g) n++ } END { print n + 0 }'
+}
 # FAILED_BASE: failed calls check() forgives, those of the node kill before
 # the dead endpoint left the Service (reported on their own).
 FAILED_BASE=0
@@ -167,8 +180,8 @@ docker kill "$node" >/dev/null
 log "killed node $node (replica $victim, $victim_ip)"
 # The survivors hold every partition: the dead replica's Lease expired and
 # its partitions moved (asked through the API server's service proxy, which
-# may still pick the dead endpoint: asked again).
-until "$BIN/ipamctl" -n "$NS" --service "$RELEASE-peers" check --replicas 2 >"$WORK/check.out" 2>&1; do
+# may still pick the dead endpoint: asked again, with a short timeout).
+until "$BIN/ipamctl" -n "$NS" --service "$RELEASE-peers" --timeout 3s check --replicas 2 >"$WORK/check.out" 2>&1; do
 	if [ $((SECONDS - start)) -gt 120 ]; then
 		echo "rollout: the two survivors did not hold every partition within 120 s:" >&2
 		cat "$WORK/check.out" >&2
@@ -192,13 +205,16 @@ until [ -z "$(kubectl -n "$NS" get endpointslices -l "kubernetes.io/service-name
 done
 gated=$((SECONDS - start))
 sleep 3 # kube-proxy's rules follow the EndpointSlice
-failed_at_gate=$(failed_total)
-log "the dead replica left the CNI Service's ready endpoints ${gated} s after the kill; CNI calls failed until then: $failed_at_gate (connection refused or unreachable: the dead endpoint)"
-sleep 15
+gate_at=$(now_secs)
+log "the dead replica left the CNI Service's ready endpoints ${gated} s after the kill"
+# Calls begun before the gate may still be dialling the dead endpoint: gRPC
+# gives up a dial after 20 s. Wait that out, with the churn going on.
+sleep 21
 kill "$CHURN_PID"; wait "$CHURN_PID" 2>/dev/null || true; CHURN_PID=
-failed_after=$(( $(failed_total) - failed_at_gate ))
-log "node kill: CNI calls so far $(( $(calls AllocateIP "") + $(calls ReleaseIP "") )), failed after the endpoint left: $failed_after; longest call in this phase $(phase_max) s"
-[ "$failed_after" = 0 ] || { echo "rollout: $failed_after CNI calls failed after the dead replica left the Service" >&2; exit 1; }
+failed_after=$(failed_since "$gate_at")
+failed_phase=$(( $(failed_total) - FAILED_BASE ))
+log "node kill: CNI calls so far $(( $(calls AllocateIP "") + $(calls ReleaseIP "") )); failed $failed_phase, begun before the dead endpoint left the Service (connection refused, or a dial timeout of 20 s: a kubelet retries them): $((failed_phase - failed_after)), after: $failed_after; longest call in this phase $(phase_max) s"
+[ "$failed_after" = 0 ] || { echo "rollout: $failed_after CNI calls begun after the dead replica left the Service failed:" >&2; grep '"msg":"CNI \(ADD\|DEL\) failed"' "$WORK/kubelet-sim.log" | tail -n "$failed_after" >&2; exit 1; }
 # Every churned pod got its IP (the failed ADDs were retried), and no address
 # is held by two WorkloadEndpoints.
 kubectl -n "$LOAD_NS" wait --for=condition=Ready pod -l app=load --timeout=120s >/dev/null ||
@@ -216,10 +232,9 @@ until "$BIN/ipamctl" -n "$NS" --service "$RELEASE-peers" check --replicas 3 >"$W
 	sleep 1
 done
 log "node deleted, replacement replica ready, ring of 3 again"
-failed_nodekill=$failed_at_gate
-# The earlier phases' figure (0) is checked by check(); the node kill's own
-# failed calls are the ones before the gate, reported above.
-FAILED_BASE=$failed_nodekill
+# The node kill's failed calls, all begun before the gate, are reported above;
+# check() counts from here on.
+FAILED_BASE=$((FAILED_BASE + failed_phase))
 
 begin_phase
 kubectl -n "$LOAD_NS" scale deploy/load --replicas=0 >/dev/null

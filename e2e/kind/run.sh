@@ -108,7 +108,18 @@ sed "s/ETCD_TAG/${ETCD_TAG#v}-0/" "$HERE/cluster.yaml" >"$WORK/cluster.yaml"
 log "creating kind cluster $NAME"
 CREATED=1
 start=$SECONDS
-kind create cluster --name "$NAME" --config "$WORK/cluster.yaml" --image "$NODE_IMAGE" --kubeconfig "$KUBECONFIG" --wait 180s
+create() { kind create cluster --name "$NAME" --config "$WORK/cluster.yaml" --image "$NODE_IMAGE" --kubeconfig "$KUBECONFIG" --wait 180s "$@"; }
+# Once more on failure: the first cluster of a fresh daemon (a cold CI run)
+# has missed kind's 30 s wait for a node's first log line.
+if ! create --retain; then
+	log "kind create cluster failed; the nodes' last log lines:"
+	for n in $(docker ps -a --filter "label=io.x-k8s.kind.cluster=$NAME" --format '{{.Names}}'); do
+		docker logs --tail 5 "$n" 2>&1 | sed "s/^/    $n: /"
+	done
+	log "deleting it and creating it once more"
+	kind delete cluster --name "$NAME" || true
+	create
+fi
 log "cluster up in $((SECONDS - start)) s"
 # The CRDs use selectable fields (spec.node), on by default from Kubernetes 1.31.
 minor=$(kubectl get --raw /version | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n 1)

@@ -108,9 +108,13 @@ sed "s/ETCD_TAG/${ETCD_TAG#v}-0/" "$HERE/cluster.yaml" >"$WORK/cluster.yaml"
 log "creating kind cluster $NAME"
 CREATED=1
 start=$SECONDS
+# A node image built just now may still be gigabytes of dirty pages; the first
+# node containers then start while the disk is busy writing them back.
+sync
 create() { kind create cluster --name "$NAME" --config "$WORK/cluster.yaml" --image "$NODE_IMAGE" --kubeconfig "$KUBECONFIG" --wait 180s "$@"; }
-# Once more on failure: the first cluster of a fresh daemon (a cold CI run)
-# has missed kind's 30 s wait for a node's first log line.
+# Once more on failure: the first cluster of a fresh daemon (a cold CI run,
+# right after the node image was built) has missed kind's 30 s wait for a
+# node's first log line.
 if ! create --retain; then
 	log "kind create cluster failed; the nodes' last log lines:"
 	for n in $(docker ps -a --filter "label=io.x-k8s.kind.cluster=$NAME" --format '{{.Names}}'); do

@@ -82,11 +82,6 @@ calls() { # method result -> count
 		/^kubeletsim_cni_calls_total/ && index($0, "method=\"" m "\"") && (r == "" || index($0, "result=\"" r "\"")) { s += $2 }
 		END { print s + 0 }'
 }
-slowest() { # the longest CNI call so far, over both methods, in seconds
-	curl -s "http://$metrics/metrics" | awk '
-		/^kubeletsim_cni_call_duration_max_seconds/ { if ($2 + 0 > top) top = $2 + 0 }
-		END { printf "%.2f", top }'
-}
 # churn keeps ADDs and DELs flowing: every 2 s it deletes 3 Running pods
 # (their ADD is done: each delete is a DEL), and the ReplicaSet creates 3 new
 # ones (3 ADDs). Scaling down instead would delete Pending pods first, whose
@@ -117,20 +112,39 @@ failed_since() {
 # the dead endpoint left the Service (reported on their own).
 FAILED_BASE=0
 
-# phase_max: the longest CNI call (ADD or DEL, ok or failed) logged since the
-# phase began (kubelet-sim logs every call at debug level with its duration in
-# nanoseconds); MARK is the log's line count when the phase began.
-MARK=0
-phase_max() {
-	tail -n "+$((MARK + 1))" "$WORK/kubelet-sim.log" | grep '"msg":"CNI \(ADD\|DEL\)' |
+# longest [LINE]: the longest CNI call (ADD or DEL, ok or failed), in seconds,
+# logged after line LINE of kubelet-sim's log (default: the whole run;
+# kubelet-sim logs every call at debug level with its duration in ns).
+longest() {
+	tail -n "+$((${1:-0} + 1))" "$WORK/kubelet-sim.log" | grep '"msg":"CNI \(ADD\|DEL\)' |
 		sed -n 's/.*"duration":\([0-9]*\).*/\1/p' | awk '{ if ($1 > m) m = $1 } END { printf "%.2f", m / 1e9 }'
 }
+# MARK: the log's line count when the phase began.
+MARK=0
 begin_phase() { MARK=$(wc -l <"$WORK/kubelet-sim.log"); }
+# load_on / load_off: a phase under load begins (and the churn starts), and the
+# churn stops.
+load_on() { begin_phase; churn & CHURN_PID=$!; }
+load_off() { kill "$CHURN_PID"; wait "$CHURN_PID" 2>/dev/null || true; CHURN_PID=; }
+# wait_ring N SECS: until ipamctl check passes with N live replicas (asked
+# through the API server's service proxy, which may still pick a dead
+# endpoint: asked again, with a short timeout).
+wait_ring() {
+	local n=$1 within=$2 from=$SECONDS
+	until "$BIN/ipamctl" -n "$NS" --service "$RELEASE-peers" --timeout 3s check --replicas "$n" >"$WORK/check.out" 2>&1; do
+		if [ $((SECONDS - from)) -gt "$within" ]; then
+			echo "rollout: no ring of $n live replicas holding every partition within $within s:" >&2
+			cat "$WORK/check.out" >&2
+			exit 1
+		fi
+		sleep 1
+	done
+}
 check() { # name
 	local total failed
 	total=$(( $(calls AllocateIP "") + $(calls ReleaseIP "") ))
 	failed=$(( $(failed_total) - FAILED_BASE ))
-	log "$1: CNI calls so far $total, failed $failed; longest call in this phase $(phase_max) s, in the run $(slowest) s"
+	log "$1: CNI calls so far $total, failed $failed; longest call in this phase $(longest "$MARK") s, in the run $(longest) s"
 	if [ "$failed" != 0 ]; then
 		echo "rollout: $1: $failed CNI calls failed; kubelet-sim's log:" >&2
 		grep "CNI ADD failed\|CNI DEL failed\|\"level\":\"ERROR\"" "$WORK/kubelet-sim.log" | tail -20 >&2
@@ -140,19 +154,17 @@ check() { # name
 check "warm-up"
 
 log "1. rolling update under load: helm upgrade with a changed pod annotation"
-begin_phase
-churn & CHURN_PID=$!
+load_on
 start=$SECONDS
 "$BIN/helm" upgrade "$RELEASE" "$CHART" --namespace "$NS" -f "$VALUES" --set-string "podAnnotations.e2e-rollout=$(date +%s)" --wait --timeout 5m >/dev/null
 kubectl -n "$NS" rollout status "deployment/$RELEASE" --timeout=180s >/dev/null
 sleep 6
-kill "$CHURN_PID"; wait "$CHURN_PID" 2>/dev/null || true; CHURN_PID=
+load_off
 log "rolled in $((SECONDS - start)) s"
 check "rolling update"
 
 log "2. a replica pod deleted (SIGTERM, grace period) under load"
-begin_phase
-churn & CHURN_PID=$!
+load_on
 # A replica that is not already terminating (the rollout's old pods may still be going).
 victim=$(kubectl -n "$NS" get pods -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/name=cce-ipam" \
 	-o jsonpath='{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}' | awk 'NF == 1 { print $1; exit }')
@@ -161,12 +173,11 @@ start=$SECONDS
 kubectl -n "$NS" delete pod "$victim" --wait=true >/dev/null
 kubectl -n "$NS" rollout status "deployment/$RELEASE" --timeout=180s >/dev/null
 sleep 6
-kill "$CHURN_PID"; wait "$CHURN_PID" 2>/dev/null || true; CHURN_PID=
+load_off
 log "deleted $victim; replaced and ready in $((SECONDS - start)) s"
 check "pod deletion"
 
 log "3. a kind node running a replica killed (docker kill) under load"
-begin_phase
 # A replica whose node does not run bce-sim (the cloud stays up).
 sim_node=$(kubectl -n "$NS" get pods -l app=bce-sim -o jsonpath='{.items[0].spec.nodeName}')
 read -r victim node < <(kubectl -n "$NS" get pods -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/name=cce-ipam" \
@@ -174,21 +185,13 @@ read -r victim node < <(kubectl -n "$NS" get pods -l "app.kubernetes.io/instance
 	awk -v s="$sim_node" 'NF == 2 && $2 != s { print $1, $2; exit }')
 [ -n "${node:-}" ] || { echo "rollout: no replica on a node without bce-sim" >&2; exit 1; }
 victim_ip=$(kubectl -n "$NS" get pod "$victim" -o jsonpath='{.status.podIP}')
-churn & CHURN_PID=$!
+load_on
 start=$SECONDS
 docker kill "$node" >/dev/null
 log "killed node $node (replica $victim, $victim_ip)"
 # The survivors hold every partition: the dead replica's Lease expired and
-# its partitions moved (asked through the API server's service proxy, which
-# may still pick the dead endpoint: asked again, with a short timeout).
-until "$BIN/ipamctl" -n "$NS" --service "$RELEASE-peers" --timeout 3s check --replicas 2 >"$WORK/check.out" 2>&1; do
-	if [ $((SECONDS - start)) -gt 120 ]; then
-		echo "rollout: the two survivors did not hold every partition within 120 s:" >&2
-		cat "$WORK/check.out" >&2
-		exit 1
-	fi
-	sleep 1
-done
+# its partitions moved.
+wait_ring 2 120
 takeover=$((SECONDS - start))
 log "survivors hold every partition ${takeover} s after the kill"
 # Calls through the Service still reach the dead endpoint until the node is
@@ -210,10 +213,10 @@ log "the dead replica left the CNI Service's ready endpoints ${gated} s after th
 # Calls begun before the gate may still be dialling the dead endpoint: gRPC
 # gives up a dial after 20 s. Wait that out, with the churn going on.
 sleep 21
-kill "$CHURN_PID"; wait "$CHURN_PID" 2>/dev/null || true; CHURN_PID=
+load_off
 failed_after=$(failed_since "$gate_at")
 failed_phase=$(( $(failed_total) - FAILED_BASE ))
-log "node kill: CNI calls so far $(( $(calls AllocateIP "") + $(calls ReleaseIP "") )); failed $failed_phase, begun before the dead endpoint left the Service (connection refused, or a dial timeout of 20 s: a kubelet retries them): $((failed_phase - failed_after)), after: $failed_after; longest call in this phase $(phase_max) s"
+log "node kill: CNI calls so far $(( $(calls AllocateIP "") + $(calls ReleaseIP "") )); failed $failed_phase, begun before the dead endpoint left the Service (connection refused, or a dial timeout of 20 s: a kubelet retries them): $((failed_phase - failed_after)), after: $failed_after; longest call in this phase $(longest "$MARK") s"
 [ "$failed_after" = 0 ] || { echo "rollout: $failed_after CNI calls begun after the dead replica left the Service failed:" >&2; grep '"msg":"CNI \(ADD\|DEL\) failed"' "$WORK/kubelet-sim.log" | tail -n "$failed_after" >&2; exit 1; }
 # Every churned pod got its IP (the failed ADDs were retried), and no address
 # is held by two WorkloadEndpoints.
@@ -237,11 +240,7 @@ dups=$(kubectl get workloadendpoints.cce.io -A -o jsonpath='{range .items[*]}{.s
 kubectl delete node "$node" --wait=false >/dev/null
 kubectl -n "$NS" delete pod "$victim" --force --grace-period=0 >/dev/null 2>&1 || true
 kubectl -n "$NS" rollout status "deployment/$RELEASE" --timeout=180s >/dev/null
-start=$SECONDS
-until "$BIN/ipamctl" -n "$NS" --service "$RELEASE-peers" check --replicas 3 >"$WORK/check.out" 2>&1; do
-	[ $((SECONDS - start)) -le 90 ] || { echo "rollout: no ring of 3 after the replacement:" >&2; cat "$WORK/check.out" >&2; exit 1; }
-	sleep 1
-done
+wait_ring 3 90
 log "node deleted, replacement replica ready, ring of 3 again"
 # The node kill's failed calls, all begun before the gate, are reported above;
 # check() counts from here on.

@@ -28,20 +28,19 @@ done
 
 # Every object of every listable kind, as KIND NAMESPACE NAME.
 kinds=$(kubectl api-resources --verbs=list -o name | grep -v '^events' | paste -sd, -)
-kubectl get "$kinds" -A --no-headers -o custom-columns='KIND:.kind,NS:.metadata.namespace,NAME:.metadata.name' 2>/dev/null |
-	awk -v r="$RELEASE" -v c="$CLUSTER" 'index($3, r) && $3 != c && index($3, c "-") == 0 && index($3, "-" c "-") == 0' \
-		>"${TMPDIR:-/tmp}/uninstall-left.$$" || true
+named=$(kubectl get "$kinds" -A --no-headers -o custom-columns='KIND:.kind,NS:.metadata.namespace,NAME:.metadata.name' 2>/dev/null |
+	awk -v r="$RELEASE" -v c="$CLUSTER" 'index($3, r) && $3 != c && index($3, c "-") == 0 && index($3, "-" c "-") == 0' || true)
 left=()
 kept=()
 while read -r kind ns name; do
+	[ -n "$kind" ] || continue # <<< of an empty list is one empty line
 	case "$kind/$ns/$name" in
 	# The webhook certificate Secret: webhook.secretName, default <fullname>-webhook-certs.
 	"Secret/$NS/$RELEASE-keys" | "Secret/$NS/$RELEASE-webhook-certs" | "Lease/$NS/$RELEASE-"*)
 		kept+=("$kind/$ns/$name") ;;
 	*) left+=("$kind/$ns/$name") ;;
 	esac
-done <"${TMPDIR:-/tmp}/uninstall-left.$$"
-rm -f "${TMPDIR:-/tmp}/uninstall-left.$$"
+done <<<"$named"
 # Summarised: the partition Leases are one per partition (sharding.partitions).
 log "kept, as the chart README says: $(printf '%s\n' ${kept[@]+"${kept[@]}"} | sed 's/-partition-[0-9]*$/-partition-N/' | sort | uniq -c |
 	awk '{ printf "%s%s%s", sep, $2, ($1 > 1 ? " x" $1 : ""); sep = ", " }')"

@@ -113,26 +113,8 @@ func (c *counters) failed(last *string, err error) {
 type metrics struct {
 	calls    *prometheus.CounterVec
 	duration *prometheus.HistogramVec
-	// maxDuration is the longest call so far: the histogram only bounds it
-	// by a bucket, and "the longest a CNI call waited" is a figure the kind
-	// suite reports.
-	maxDuration *prometheus.GaugeVec
-	binds       *prometheus.CounterVec
-	startup     prometheus.Histogram
-
-	maxMu sync.Mutex
-	max   map[string]time.Duration
-}
-
-// observeCall records one call's duration.
-func (m *metrics) observeCall(method string, d time.Duration) {
-	m.duration.WithLabelValues(method).Observe(d.Seconds())
-	m.maxMu.Lock()
-	defer m.maxMu.Unlock()
-	if d > m.max[method] {
-		m.max[method] = d
-		m.maxDuration.WithLabelValues(method).Set(d.Seconds())
-	}
+	binds    *prometheus.CounterVec
+	startup  prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -145,10 +127,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kubeletsim_cni_call_duration_seconds", Help: "Duration of CNI calls, by method.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}, []string{"method"}),
-		maxDuration: f.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "kubeletsim_cni_call_duration_max_seconds", Help: "Duration of the longest CNI call so far, by method.",
-		}, []string{"method"}),
-		max: map[string]time.Duration{},
 		binds: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kubeletsim_binds_total", Help: "Pod bindings to simulated nodes, by result.",
 		}, []string{"result"}),

@@ -326,7 +326,7 @@ func (s *Simulator) allocate(ctx context.Context, rt *runState, namespace, name,
 		K8SNodeName: node, IPType: rpc.IPType_BCCMultiENIMultiIPType,
 	})
 	d := time.Since(start)
-	s.metrics.observeCall("AllocateIP", d)
+	s.metrics.duration.WithLabelValues("AllocateIP").Observe(d.Seconds())
 	switch {
 	case err != nil:
 	case !reply.IsSuccess:
@@ -358,7 +358,7 @@ func (s *Simulator) release(ctx context.Context, rt *runState, namespace, name, 
 		IPType: rpc.IPType_BCCMultiENIMultiIPType,
 	})
 	d := time.Since(start)
-	s.metrics.observeCall("ReleaseIP", d)
+	s.metrics.duration.WithLabelValues("ReleaseIP").Observe(d.Seconds())
 	if err == nil && !reply.IsSuccess {
 		err = errors.New(reply.ErrMsg)
 	}

@@ -52,7 +52,10 @@ func (b *docBuilder) apicostSection(a *apicostResult) report.Section {
 			"is in system:masters, which API Priority and Fairness exempts (and the wep fencing policy fences that user, "+
 			"so in this part the wep writes are not fenced). The neighbour, another ServiceAccount without a client-side "+
 			"limit, keeps %d LISTs of every pod of the cluster (%d pods at the start) in flight while %d ADDs run at %d in "+
-			"flight (%d waves; each wave's DELs untimed).", n.identity, n.workers, n.pods, n.addsPerCondition, p.Conc, n.waves)
+			"flight (%d waves; each wave's DELs untimed; one untimed wave before the first condition). The neighbour "+
+			"reads each answer and drops it undecoded (it stands for a client on another machine). The API server's "+
+			"seats: %s. APF queues a request only when its priority level's seats are taken; it shares seats, not CPU.",
+			n.identity, n.workers, n.pods, n.addsPerCondition, p.Conc, n.waves, b.cfg.APIServerSeats)
 		switch {
 		case n.fcMissing != "":
 			note += " **The flow-control half was not measured:** " + n.fcMissing + "."
@@ -159,7 +162,7 @@ func (b *docBuilder) kneeTables(a *apicostResult) (rates, lat report.Table) {
 	rates = report.Table{
 		Caption: "8b. No knee: calls per second of the first and the last 100 calls (want last ≥ 0.9× first)",
 		Header: []string{"replicas", "in flight", "ADD first/s", "ADD last/s", "last/first", "DEL first/s", "DEL last/s",
-			"last/first", "floor creates/s", "floor deletes/s", "retried errors (ADD, DEL)"},
+			"last/first", "floor creates/s (its last/first)", "floor deletes/s (its last/first)", "retried errors (ADD, DEL)"},
 	}
 	lat = report.Table{
 		Caption: "8b. Latency against the bare wep create / delete at the same concurrency (want DEL p50 ≤ 1.2× ADD p50, p99 ≤ 2× floor)",
@@ -182,7 +185,8 @@ func (b *docBuilder) kneeTables(a *apicostResult) (rates, lat report.Table) {
 			rates.Rows = append(rates.Rows, []string{fmt.Sprint(k.replicas), fmt.Sprint(k.conc),
 				report.Num(k.addPerSecFirst, 0), report.Num(k.addPerSecLast, 0), report.Ratio(k.addPerSecLast, k.addPerSecFirst),
 				report.Num(k.delPerSecFirst, 0), report.Num(k.delPerSecLast, 0), report.Ratio(k.delPerSecLast, k.delPerSecFirst),
-				report.Num(k.floorPerSecAdd, 0), report.Num(k.floorPerSecDel, 0), fmt.Sprintf("%d, %d", k.add.errors, k.del.errors)})
+				floorRate(k.floorPerSecAdd, k.floorAdd, k.firstLastK), floorRate(k.floorPerSecDel, k.floorDel, k.firstLastK),
+				fmt.Sprintf("%d, %d", k.add.errors, k.del.errors)})
 			lat.Rows = append(lat.Rows, []string{fmt.Sprint(k.replicas), fmt.Sprint(k.conc),
 				report.Num(a50, 1), report.Num(d50, 1), report.Ratio(d50, a50),
 				report.Num(a99, 1), report.Num(fa99, 1), report.Ratio(a99, fa99),
@@ -196,6 +200,12 @@ func (b *docBuilder) kneeTables(a *apicostResult) (rates, lat report.Table) {
 		b.addSummary("8b. DEL p99 / bare delete p99, "+label, "≤ 2×", report.Num(worstDelP99, 2)+"×", targetLine(worstDelP99, 2, "×"))
 	}
 	return rates, lat
+}
+
+// floorRate is a floor phase's rate and, in brackets, its own last k / first
+// k: a knee the API server shows without us.
+func floorRate(perSec float64, p phase, k int) string {
+	return report.Num(perSec, 0) + " (" + report.Ratio(p.rateLast(k), p.rateFirst(k)) + ")"
 }
 
 // atLeastLine is targetLine for a value that should be at least target.

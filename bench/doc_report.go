@@ -120,7 +120,9 @@ func (b *docBuilder) machineSection() report.Section {
 			Rows:   machine,
 		}},
 		Paragraphs: []string{
-			"Setup: etcd + kube-apiserver from `bin/` (no kube-controller-manager), bce-sim as a process with the " +
+			"Setup: etcd + kube-apiserver from `bin/` (no kube-controller-manager; " + b.cfg.APIServerSeats.String() +
+				": the seats API Priority and Fairness divides), " +
+				"bce-sim as a process with the " +
 				"upstream per-operation limits (ListENIs 1 QPS, burst 1; lifted only where a row says so), cce-ipam replicas as " +
 				"processes (`e2e/fleet`) " + b.policySetup() + ", CNI calls made directly by the bench over gRPC. " +
 				"Replica flags besides the fleet's: " +

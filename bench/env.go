@@ -101,7 +101,7 @@ func startEnv(ctx context.Context, cfg Config) (_ *env, err error) {
 		return nil, err
 	}
 	if e.cp, err = cluster.Start(ctx, cluster.Options{BinDir: cfg.BinDir, Dir: filepath.Join(cfg.WorkDir, "control-plane"),
-		StartTimeout: 3 * time.Minute}); err != nil {
+		StartTimeout: 3 * time.Minute, APIServerArgs: cfg.APIServerSeats.args()}); err != nil {
 		return nil, err
 	}
 	if err := e.cp.InstallCRDs(ctx, filepath.Join(cfg.RepoRoot, "charts", "cce-ipam", "crds")); err != nil {

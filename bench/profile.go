@@ -177,7 +177,46 @@ type Config struct {
 	// BaselineRev is the git revision whose cce-ipam item 8 measures as
 	// "before" (DefaultBaselineRev when empty).
 	BaselineRev string
-	Logger      *slog.Logger
+	// APIServerSeats sizes kube-apiserver's --max-requests-inflight and
+	// --max-mutating-requests-inflight; zero leaves its defaults.
+	APIServerSeats APIServerSeats
+	Logger         *slog.Logger
+}
+
+// APIServerSeats are the API server's concurrency limits, the seats that API
+// Priority and Fairness divides among its priority levels (their sum).
+type APIServerSeats struct {
+	ReadOnly, Mutating int // 0: the API server's default (400, 200)
+}
+
+// DefaultAPIServerSeats are the API server's own defaults. Fewer seats
+// (sized to a 2-core machine) were tried for item 8d and changed little:
+// on two cores a LIST of 1,000 pods holds a core, not a seat, for most of
+// its time, so the flood is bounded by the CPU before APF queues it.
+var DefaultAPIServerSeats = APIServerSeats{}
+
+// args are the kube-apiserver flags of s.
+func (s APIServerSeats) args() []string {
+	var out []string
+	if s.ReadOnly > 0 {
+		out = append(out, fmt.Sprintf("--max-requests-inflight=%d", s.ReadOnly))
+	}
+	if s.Mutating > 0 {
+		out = append(out, fmt.Sprintf("--max-mutating-requests-inflight=%d", s.Mutating))
+	}
+	return out
+}
+
+// String is how the report names s.
+func (s APIServerSeats) String() string {
+	ro, mu := "400 (default)", "200 (default)"
+	if s.ReadOnly > 0 {
+		ro = fmt.Sprint(s.ReadOnly)
+	}
+	if s.Mutating > 0 {
+		mu = fmt.Sprint(s.Mutating)
+	}
+	return fmt.Sprintf("`--max-requests-inflight` %s, `--max-mutating-requests-inflight` %s", ro, mu)
 }
 
 // Items a run can be limited to; runAll names each step's item.

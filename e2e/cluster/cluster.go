@@ -50,6 +50,9 @@ type Options struct {
 	// response code) in Dir/audit.log, which AuditEvents reads: a test can
 	// compare what a component did with what its RBAC grants.
 	AuditServiceAccounts bool
+	// APIServerArgs are added to kube-apiserver's command line (after the
+	// harness's own, so they may override them).
+	APIServerArgs []string
 }
 
 func (o *Options) defaults() error {
@@ -149,7 +152,7 @@ func (c *Cluster) start(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	if err := c.startAPIServer(ctx, opts.BinDir, apiPort, audit...); err != nil {
+	if err := c.startAPIServer(ctx, opts.BinDir, apiPort, append(audit, opts.APIServerArgs...)...); err != nil {
 		return err
 	}
 	if opts.ControllerManager {

@@ -39,7 +39,16 @@ func main() {
 	coldRepeats := flag.Int("cold-repeats", 0, "cold starts per size and replica count, overriding the profile's (0: the profile's)")
 	noPolicy := flag.Bool("no-fencing-policy", false,
 		"run without the chart's wep fencing policy (replicas as the admin), to measure what the policy costs")
+	seatsRO := flag.Int("apiserver-max-requests-inflight", bench.DefaultAPIServerSeats.ReadOnly,
+		"kube-apiserver's --max-requests-inflight (0: its default, 400); with the next flag, the seats API Priority and Fairness divides")
+	seatsMut := flag.Int("apiserver-max-mutating-requests-inflight", bench.DefaultAPIServerSeats.Mutating,
+		"kube-apiserver's --max-mutating-requests-inflight (0: its default, 200)")
 	flag.Parse()
+	if *seatsRO < 0 || *seatsMut < 0 {
+		fmt.Fprintln(os.Stderr, "bench: --apiserver-max-requests-inflight and --apiserver-max-mutating-requests-inflight must be >= 0")
+		os.Exit(2)
+	}
+	seats := bench.APIServerSeats{ReadOnly: *seatsRO, Mutating: *seatsMut}
 	var only []string
 	if *items != "" {
 		only = strings.Split(*items, ",")
@@ -73,7 +82,7 @@ func main() {
 		p.ColdRepeats = *coldRepeats
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	if err := run(p, only, *binDir, *out, *workDir, *noPolicy, *baselineRev, log); err != nil {
+	if err := run(p, only, *binDir, *out, *workDir, *noPolicy, *baselineRev, seats, log); err != nil {
 		log.Error("bench failed", "err", err)
 		if errors.Is(err, bench.ErrInvariant) {
 			os.Exit(3)
@@ -82,7 +91,8 @@ func main() {
 	}
 }
 
-func run(p bench.Profile, only []string, binDir, out, workDir string, noPolicy bool, baselineRev string, log *slog.Logger) error {
+func run(p bench.Profile, only []string, binDir, out, workDir string, noPolicy bool, baselineRev string,
+	seats bench.APIServerSeats, log *slog.Logger) error {
 	root, err := os.Getwd()
 	if err != nil {
 		return err
@@ -125,6 +135,7 @@ func run(p bench.Profile, only []string, binDir, out, workDir string, noPolicy b
 		Command:         cmd,
 		NoFencingPolicy: noPolicy,
 		BaselineRev:     baselineRev,
+		APIServerSeats:  seats,
 		Logger:          log,
 	})
 	log.Info("report written", "file", filepath.Join(out, name), "logs", workDir)

@@ -101,8 +101,30 @@ func newEnv(t testing.TB, prefix string, nodes int, cfg ipam.Config) *env {
 	return newEnvIn(t, prefix, nodes, cfg, world{annotateMaxIPs: true})
 }
 
+// envPrefixes counts the envs made with each prefix in this process.
+var envPrefixes = struct {
+	sync.Mutex
+	n map[string]int
+}{n: map[string]int{}}
+
+// uniquePrefix is prefix the first time, then prefix-r2, -r3 ...: a test
+// run again (go test -count=N) must name other nodes (the API server's
+// objects outlive the test; the simulated cloud is the env's own), because
+// the weps of its previous run outlive their namespace (finalizers) and
+// still name the old nodes.
+func uniquePrefix(prefix string) string {
+	envPrefixes.Lock()
+	defer envPrefixes.Unlock()
+	envPrefixes.n[prefix]++
+	if k := envPrefixes.n[prefix]; k > 1 {
+		return fmt.Sprintf("%s-r%d", prefix, k)
+	}
+	return prefix
+}
+
 func newEnvIn(t testing.TB, prefix string, nodes int, cfg ipam.Config, w world) *env {
 	t.Helper()
+	nodePrefix := uniquePrefix(prefix)
 	installCRDs.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -164,7 +186,7 @@ func newEnvIn(t testing.TB, prefix string, nodes int, cfg ipam.Config, w world) 
 	t.Cleanup(e.cloud.Close)
 
 	for k := range nodes {
-		name := fmt.Sprintf("%s-node-%02d", prefix, k)
+		name := fmt.Sprintf("%s-node-%02d", nodePrefix, k)
 		inst, err := sim.AddInstance(bcesim.InstanceSpec{
 			ID: fmt.Sprintf("i-%s-%02d", prefix, k), SubnetID: subnet, CPUCount: 16, MemoryGB: w.memoryGB, SecurityGroupIDs: []string{sg},
 		})

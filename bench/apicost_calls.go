@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -189,8 +190,23 @@ type kneeRun struct {
 // runKnee is item 8b at every concurrency of the profile: the floor (bare
 // wep creates, then deletes, conc at a time), then one ADD per pod, then
 // their DELs.
-func (e *env) runKnee(ctx context.Context, pods []pod, target func() string) ([]kneeRun, error) {
+func (e *env) runKnee(ctx context.Context, pods []pod, target func() string) (_ []kneeRun, err error) {
 	var out []kneeRun
+	// The floor's weps name floorNode. Without a Node of that name they are
+	// weps of a deleted node, which the replicas' GC deletes: when its tick
+	// fell in a run it added hundreds of requests to the cell measured. A
+	// Node without a providerID is no BCC node: no replica serves it and
+	// the GC leaves its weps alone.
+	if _, err := e.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: floorNode}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create the floor's node: %w", err)
+	}
+	defer func() {
+		if derr := e.kube.CoreV1().Nodes().Delete(context.WithoutCancel(ctx), floorNode, metav1.DeleteOptions{}); derr != nil &&
+			!apierrors.IsNotFound(derr) {
+			err = errors.Join(err, fmt.Errorf("delete the floor's node: %w", derr))
+		}
+	}()
 	for _, c := range e.cfg.Profile.APICostConcs {
 		k := kneeRun{conc: c, firstLastK: min(100, len(pods)/4), replicas: len(e.running())}
 		var err error

@@ -283,13 +283,16 @@ func (d *driver) Violations() []string {
 
 // floorCreate creates one bare WorkloadEndpoint (the floor) and returns the
 // call's duration.
+// floorNode is the node the floor's bare weps name (runKnee makes it exist).
+const floorNode = "floor-node"
+
 func (d *driver) floorCreate(ctx context.Context, ns, name string, i int) (time.Duration, error) {
 	w := &cce.WorkloadEndpoint{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:   name,
 			Labels: map[string]string{"app": "bench-floor"},
 		},
-		Spec: cce.WorkloadEndpointSpec{IP: fmt.Sprintf("192.168.%d.%d", (i/250)%250, i%250+1), Node: "floor-node",
+		Spec: cce.WorkloadEndpointSpec{IP: fmt.Sprintf("192.168.%d.%d", (i/250)%250, i%250+1), Node: floorNode,
 			ContainerID: d.containerID(), Type: cce.WorkloadEndpointTypePod, Mac: "fa:26:00:00:00:01",
 			ENIID: "eni-floor", InstanceID: "i-floor", SubnetID: "sbn-floor", UpdateAt: metav1.Now()},
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -109,5 +110,19 @@ func TestTimedPhase_SkippedCallsAreNeitherSamplesNorErrors(t *testing.T) {
 	})
 	if err != nil || p.skipped != 2 || len(p.took) != 2 || p.errors != 0 {
 		t.Fatalf("err %v, skipped %d, samples %d, errors %d; want nil, 2, 2, 0", err, p.skipped, len(p.took), p.errors)
+	}
+}
+
+func TestAPIServerSeats_Args(t *testing.T) {
+	if got := (APIServerSeats{}).args(); len(got) != 0 {
+		t.Errorf("zero seats: args %q, want none (the API server's defaults)", got)
+	}
+	got := APIServerSeats{ReadOnly: 40, Mutating: 20}.args()
+	want := []string{"--max-requests-inflight=40", "--max-mutating-requests-inflight=20"}
+	if !slices.Equal(got, want) {
+		t.Errorf("args %q, want %q", got, want)
+	}
+	if s := (APIServerSeats{Mutating: 20}).String(); !strings.Contains(s, "400 (default)") || !strings.Contains(s, "inflight` 20") {
+		t.Errorf("String() = %q: want the default read-only seats and 20 mutating", s)
 	}
 }

@@ -178,7 +178,7 @@ func (d *driver) checkOnce(ctx context.Context, addr string, p pod, cid string) 
 // kneeRun is item 8b at one concurrency: our ADDs then DELs, and the bare
 // wep creates then deletes of the same count right before them.
 type kneeRun struct {
-	conc                           int
+	conc, repeat                   int
 	add, del, floorAdd, floorDel   phase
 	firstLastK                     int
 	replicas                       int
@@ -208,29 +208,40 @@ func (e *env) runKnee(ctx context.Context, pods []pod, target func() string) (_ 
 		}
 	}()
 	for _, c := range e.cfg.Profile.APICostConcs {
-		k := kneeRun{conc: c, firstLastK: min(100, len(pods)/4), replicas: len(e.running())}
-		var err error
-		if k.floorAdd, k.floorDel, err = e.floorPhases(ctx, len(pods), c); err != nil {
-			return out, fmt.Errorf("floor at c=%d: %w", c, err)
+		for r := range max(1, e.cfg.Profile.APICostKneeRepeats) {
+			k, err := e.kneeOnce(ctx, pods, target, c, r+1)
+			if err != nil {
+				return out, err
+			}
+			out = append(out, k)
 		}
-		sleep(ctx, 2*time.Second)
-		if k.add, k.del, err = e.addDelPhases(ctx, pods, c, target); err != nil {
-			return out, fmt.Errorf("ADD/DEL at c=%d: %w", c, err)
-		}
-		k.addPerSecFirst, k.addPerSecLast = k.add.rateFirst(k.firstLastK), k.add.rateLast(k.firstLastK)
-		k.delPerSecFirst, k.delPerSecLast = k.del.rateFirst(k.firstLastK), k.del.rateLast(k.firstLastK)
-		k.floorPerSecAdd = float64(len(k.floorAdd.took)) / k.floorAdd.elapsed.Seconds()
-		k.floorPerSecDel = float64(len(k.floorDel.took)) / k.floorDel.elapsed.Seconds()
-		e.log.Info("apicost knee", "replicas", k.replicas, "conc", c,
-			"add_p50_ms", k.add.quantile(0.5), "add_p99_ms", k.add.quantile(0.99),
-			"del_p50_ms", k.del.quantile(0.5), "del_p99_ms", k.del.quantile(0.99),
-			"floor_create_p99_ms", k.floorAdd.quantile(0.99), "floor_delete_p99_ms", k.floorDel.quantile(0.99),
-			"add_first_per_s", k.addPerSecFirst, "add_last_per_s", k.addPerSecLast,
-			"del_first_per_s", k.delPerSecFirst, "del_last_per_s", k.delPerSecLast)
-		out = append(out, k)
-		sleep(ctx, 3*time.Second) // cooling (1s) + pool check
 	}
 	return out, nil
+}
+
+// kneeOnce is one repeat of 8b at concurrency c.
+func (e *env) kneeOnce(ctx context.Context, pods []pod, target func() string, c, repeat int) (kneeRun, error) {
+	k := kneeRun{conc: c, repeat: repeat, firstLastK: min(100, len(pods)/4), replicas: len(e.running())}
+	var err error
+	if k.floorAdd, k.floorDel, err = e.floorPhases(ctx, len(pods), c); err != nil {
+		return k, fmt.Errorf("floor at c=%d: %w", c, err)
+	}
+	sleep(ctx, 2*time.Second)
+	if k.add, k.del, err = e.addDelPhases(ctx, pods, c, target); err != nil {
+		return k, fmt.Errorf("ADD/DEL at c=%d: %w", c, err)
+	}
+	k.addPerSecFirst, k.addPerSecLast = k.add.rateFirst(k.firstLastK), k.add.rateLast(k.firstLastK)
+	k.delPerSecFirst, k.delPerSecLast = k.del.rateFirst(k.firstLastK), k.del.rateLast(k.firstLastK)
+	k.floorPerSecAdd = float64(len(k.floorAdd.took)) / k.floorAdd.elapsed.Seconds()
+	k.floorPerSecDel = float64(len(k.floorDel.took)) / k.floorDel.elapsed.Seconds()
+	e.log.Info("apicost knee", "replicas", k.replicas, "conc", c, "repeat", repeat,
+		"add_p50_ms", k.add.quantile(0.5), "add_p99_ms", k.add.quantile(0.99),
+		"del_p50_ms", k.del.quantile(0.5), "del_p99_ms", k.del.quantile(0.99),
+		"floor_create_p99_ms", k.floorAdd.quantile(0.99), "floor_delete_p99_ms", k.floorDel.quantile(0.99),
+		"add_first_per_s", k.addPerSecFirst, "add_last_per_s", k.addPerSecLast,
+		"del_first_per_s", k.delPerSecFirst, "del_last_per_s", k.delPerSecLast)
+	sleep(ctx, 3*time.Second) // cooling (1s) + pool check
+	return k, nil
 }
 
 // floorPhases creates n bare weps conc at a time, then deletes them conc at

@@ -8,8 +8,10 @@ import (
 	"time"
 )
 
-// Profile sizes a run. Short fits `make bench` (≤ 15 min on two cores);
-// Long is `make bench-long`.
+// Profile sizes a run. Short is `make bench`: its items but apicost took
+// 9-12 min on two cores, apicost alone 11.5 min with three knee repeats
+// (a whole short run with apicost has not been timed yet); Long is
+// `make bench-long`.
 type Profile struct {
 	Name string
 

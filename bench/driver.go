@@ -281,11 +281,11 @@ func (d *driver) Violations() []string {
 	return append([]string(nil), d.violations...)
 }
 
-// floorCreate creates one bare WorkloadEndpoint (the floor) and returns the
-// call's duration.
 // floorNode is the node the floor's bare weps name (runKnee makes it exist).
 const floorNode = "floor-node"
 
+// floorCreate creates one bare WorkloadEndpoint (the floor) and returns the
+// call's duration.
 func (d *driver) floorCreate(ctx context.Context, ns, name string, i int) (time.Duration, error) {
 	w := &cce.WorkloadEndpoint{
 		ObjectMeta: metav1.ObjectMeta{

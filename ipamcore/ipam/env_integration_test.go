@@ -419,8 +419,7 @@ func (e *env) checkNoLeakOwned(owner func(node string) *ipam.IPAM) {
 		e.t.Fatalf("bce-sim invariants: %v", err)
 	}
 	var mismatch []string
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	settles(10*time.Second, func() bool {
 		mismatch = mismatch[:0]
 		cloudIPs := e.cloudIPs()
 		for _, n := range e.nodes {
@@ -432,11 +431,8 @@ func (e *env) checkNoLeakOwned(owner func(node string) *ipam.IPAM) {
 				mismatch = append(mismatch, fmt.Sprintf("node %s: cloud has %d IPs, its owner's datastore %d (leak or loss)", n, got, st.Total))
 			}
 		}
-		if len(mismatch) == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return len(mismatch) == 0
+	})
 	for _, m := range mismatch {
 		e.t.Error(m)
 	}
@@ -455,13 +451,22 @@ func (e *env) stats(n string) datastore.NodeStats {
 // own goroutine).
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !settles(d, cond) {
+		t.Fatalf("timed out after %s waiting for %s", d, what)
+	}
+}
+
+// settles polls cond for up to d and reports whether it came to hold; a
+// caller that reports what it saw keeps it from cond's last call.
+func settles(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
+			return false
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	return true
 }
 
 // gauge reads a gauge (or counter) of the IPAM's registry; labels are name,

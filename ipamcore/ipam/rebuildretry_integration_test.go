@@ -189,15 +189,10 @@ func TestIPAM_MalformedCloudAddressSkipped(t *testing.T) {
 	// The datastore has every cloud address but the skipped one (once the
 	// refills the ADDs started have been recorded).
 	var got, want int
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if !settles(10*time.Second, func() bool {
 		got, want = e.stats(node).Total, len(e.cloudIPs()[inst])-1
-		if got == want || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if got != want {
+		return got == want
+	}) {
 		t.Fatalf("datastore holds %d addresses, want %d (the cloud's minus the skipped one)", got, want)
 	}
 }

@@ -3,9 +3,10 @@
 //
 // It owns only what is the same for every request: decoding and validating
 // the request into a PodRef (clear errors, nothing reaches the Backend on bad
-// input), a hard per-request deadline, bounded concurrency with an immediate
-// "busy, retry" answer instead of a queue that grows under a storm of pod
-// starts, the wire shape of replies, and request metrics. Allocation itself —
+// input), a hard per-request deadline, bounded concurrency (a call beyond the
+// limit waits briefly for a slot, then gets a "busy, retry" answer: the wait
+// is bounded in time, so the queue cannot grow without bound under a storm of
+// pod starts), the wire shape of replies, and request metrics. Allocation itself —
 // the datastore, the WorkloadEndpoint commit, forwarding to a node's owner —
 // lives behind Backend.
 //

@@ -33,6 +33,7 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	inflight *prometheus.GaugeVec
+	waiting  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -54,6 +55,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "cce_ipam_cni_requests_in_flight",
 			Help: "CNI gRPC calls being served, by method and hop.",
 		}, []string{"method", "hop"}),
+		waiting: f.NewGauge(prometheus.GaugeOpts{
+			Name: "cce_ipam_cni_requests_waiting",
+			Help: "CNI calls from CNI plugins waiting for a slot at the concurrency limit (--cni-slot-wait).",
+		}),
 	}
 }
 

@@ -20,6 +20,11 @@ type Config struct {
 	AllocateConcurrency int
 	// ReleaseConcurrency bounds releases in flight. Defaults to 30.
 	ReleaseConcurrency int
+	// SlotWait is how long a call received from a CNI plugin waits for a
+	// free slot once the limit is reached, before it is answered "busy".
+	// Defaults to 5s; 0 answers at once, as the reference does. A forwarded
+	// call never waits (serve says why).
+	SlotWait time.Duration
 	// RequestTimeout is the hard deadline of one call. Defaults to 30s,
 	// below kubelet's own CNI timeout so that our error, not a cancelled
 	// sandbox, reaches the pod's events.
@@ -29,9 +34,11 @@ type Config struct {
 // RegisterFlags binds the config to command-line flags and sets the defaults.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.AllocateConcurrency, "allocate-ip-concurrency-limit", 20,
-		"maximum AllocateIP calls in flight; more are answered at once with a retryable \"busy\" error")
+		"maximum AllocateIP calls in flight; more wait up to --cni-slot-wait for a slot, then get a retryable \"busy\" error")
 	fs.IntVar(&c.ReleaseConcurrency, "release-ip-concurrency-limit", 30,
-		"maximum ReleaseIP calls in flight; more are answered at once with a retryable \"busy\" error")
+		"maximum ReleaseIP calls in flight; more wait up to --cni-slot-wait for a slot, then get a retryable \"busy\" error")
+	fs.DurationVar(&c.SlotWait, "cni-slot-wait", 5*time.Second,
+		"how long a CNI call waits for a free slot at the concurrency limit before it is answered \"busy\" (0: at once, as the reference)")
 	fs.DurationVar(&c.RequestTimeout, "cni-request-timeout", 30*time.Second, "hard deadline of one CNI call")
 }
 
@@ -45,6 +52,9 @@ func DefaultConfig() Config {
 // Validate reports a config that cannot work: a limit of zero would answer
 // every call "busy", a zero timeout would cancel every call at once.
 func (c Config) Validate() error {
+	if c.SlotWait < 0 {
+		return fmt.Errorf("cni: slot wait %s must not be negative", c.SlotWait)
+	}
 	if c.AllocateConcurrency <= 0 || c.ReleaseConcurrency <= 0 || c.RequestTimeout <= 0 {
 		return fmt.Errorf("cni: concurrency limits (%d, %d) and request timeout (%s) must be positive",
 			c.AllocateConcurrency, c.ReleaseConcurrency, c.RequestTimeout)
@@ -182,13 +192,11 @@ func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, 
 		s.log.Warn("rejected CNI request", "method", method, "err", err)
 		return podip.Endpoint{}, false, err
 	}
-	select {
-	case slots <- struct{}{}:
-		defer func() { <-slots }()
-	default:
+	if !s.takeSlot(ctx, slots, hop) {
 		s.metrics.observe(method, resultBusy, hop, start)
 		return podip.Endpoint{}, false, fmt.Errorf("%s: %d %s calls in flight", BusyMessage, cap(slots), method)
 	}
+	defer func() { <-slots }()
 	inflight := s.metrics.inflight.WithLabelValues(method, hop)
 	inflight.Inc()
 	defer inflight.Dec()
@@ -205,6 +213,36 @@ func (s *Server) serve(ctx context.Context, method string, slots chan struct{}, 
 	s.metrics.observe(method, resultOK, hop, start)
 	s.log.Debug("CNI call served", "method", method, "pod", pod.String(), "ip", ep.IP, "duration", time.Since(start))
 	return ep, ok, nil
+}
+
+// takeSlot takes a slot of the limit, waiting for one up to SlotWait (and
+// the caller's deadline) when the call came from a CNI plugin. Refusing at
+// once made every call beyond the limit in a burst a kubelet retry seconds
+// later; a short wait lets it start as soon as a call ends. A forwarded call
+// does not wait: its entry replica holds a slot while it waits here, and two
+// replicas whose entry calls forward to each other could then hold each
+// other's slots until the wait ran out. The entry waits holding nothing.
+func (s *Server) takeSlot(ctx context.Context, slots chan struct{}, hop string) bool {
+	select {
+	case slots <- struct{}{}:
+		return true
+	default:
+	}
+	if hop == HopForwarded || s.cfg.SlotWait <= 0 {
+		return false
+	}
+	wait := time.NewTimer(s.cfg.SlotWait)
+	defer wait.Stop()
+	s.metrics.waiting.Inc()
+	defer s.metrics.waiting.Dec()
+	select {
+	case slots <- struct{}{}:
+		return true
+	case <-wait.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func toWire(ep podip.Endpoint) *rpc.ENIMultiIPReply {

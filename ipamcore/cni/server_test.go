@@ -179,6 +179,8 @@ func TestServer_AllocateIP_UnknownIPTypeIsBCC(t *testing.T) {
 	}
 }
 
+// With --cni-slot-wait 0 (the reference's behaviour) a call beyond the limit
+// is answered busy at once.
 func TestServer_AllocateIP_BusyAnswersAtOnce(t *testing.T) {
 	entered := make(chan struct{})
 	unblock := make(chan struct{})
@@ -190,6 +192,7 @@ func TestServer_AllocateIP_BusyAnswersAtOnce(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg := DefaultConfig()
 	cfg.AllocateConcurrency, cfg.ReleaseConcurrency = 1, 1
+	cfg.SlotWait = 0
 	c := serve(t, cfg, b, reg)
 
 	first := make(chan *rpc.AllocateIPReply, 1)
@@ -213,6 +216,77 @@ func TestServer_AllocateIP_BusyAnswersAtOnce(t *testing.T) {
 	}
 	if got := newMetricsForRead(t, reg)("AllocateIP", resultBusy); got != 1 {
 		t.Fatalf("busy counter = %v, want 1", got)
+	}
+}
+
+// A call from a CNI plugin beyond the limit waits for a slot and is served
+// when one frees; one whose wait runs out is answered busy; a forwarded call
+// never waits (its entry replica holds a slot meanwhile).
+func TestServer_AllocateIP_WaitsForASlot(t *testing.T) {
+	entered := make(chan string, 4)
+	unblock := make(chan struct{})
+	b := &recordingBackend{allocate: func(ctx context.Context, pod podip.PodRef) (podip.Endpoint, error) {
+		entered <- pod.Name
+		if pod.Name == "a" {
+			<-unblock
+		}
+		return podip.Endpoint{IP: "10.0.0.1"}, nil
+	}}
+	reg := prometheus.NewRegistry()
+	cfg := DefaultConfig()
+	cfg.AllocateConcurrency = 1
+	cfg.SlotWait = time.Minute
+	s := NewServer(cfg, b, nil, reg, WithForwarded(func(ctx context.Context) bool {
+		return ctx.Value(forwardedMark{}) != nil
+	}))
+	first := make(chan *rpc.AllocateIPReply, 1)
+	go func() {
+		r, _ := s.AllocateIP(context.Background(), allocReq("default", "a", "1"))
+		first <- r
+	}()
+	if got := <-entered; got != "a" {
+		t.Fatalf("first call in = %q", got)
+	}
+	// Forwarded: refused at once although the wait is a minute.
+	fwd := context.WithValue(context.Background(), forwardedMark{}, true)
+	if r, _ := s.AllocateIP(fwd, allocReq("default", "f", "2")); r.IsSuccess || !strings.HasPrefix(r.ErrMsg, BusyMessage) {
+		t.Fatalf("forwarded call at the limit = %v, want busy at once", r)
+	}
+	// A caller whose own deadline ends first is answered busy then.
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if r, _ := s.AllocateIP(short, allocReq("default", "d", "3")); r.IsSuccess || !strings.HasPrefix(r.ErrMsg, BusyMessage) {
+		t.Fatalf("call whose deadline ended in the wait = %v, want busy", r)
+	}
+	second := make(chan *rpc.AllocateIPReply, 1)
+	go func() {
+		r, _ := s.AllocateIP(context.Background(), allocReq("default", "b", "4"))
+		second <- r
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(s.metrics.waiting) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the second call never waited for a slot")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case name := <-entered:
+		t.Fatalf("%q reached the backend while the only slot was taken", name)
+	default:
+	}
+	close(unblock)
+	if r := <-first; !r.IsSuccess {
+		t.Fatalf("first = %v", r)
+	}
+	if r := <-second; !r.IsSuccess {
+		t.Fatalf("the waiting call = %v, want served once the slot freed", r)
+	}
+	if got := testutil.ToFloat64(s.metrics.requests.WithLabelValues(methodAllocate, resultBusy, HopEntry)); got != 1 {
+		t.Errorf("busy entry calls = %v, want 1 (the one whose deadline ended)", got)
+	}
+	if got := testutil.ToFloat64(s.metrics.waiting); got != 0 {
+		t.Errorf("cce_ipam_cni_requests_waiting = %v after the calls, want 0", got)
 	}
 }
 
@@ -305,6 +379,7 @@ func TestServer_CheckIP_IsTruthful(t *testing.T) {
 func TestConfig_Validate(t *testing.T) {
 	for name, change := range map[string]func(*Config){
 		"negative concurrency": func(c *Config) { c.AllocateConcurrency = -1 },
+		"negative slot wait":   func(c *Config) { c.SlotWait = -time.Second },
 		"zero allocations":     func(c *Config) { c.AllocateConcurrency = 0 },
 		"zero releases":        func(c *Config) { c.ReleaseConcurrency = 0 },
 		"zero timeout":         func(c *Config) { c.RequestTimeout = 0 },
@@ -326,7 +401,7 @@ func TestConfig_DefaultsAreTheFlags(t *testing.T) {
 	var flagged Config
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	flagged.RegisterFlags(fs)
-	want := Config{AllocateConcurrency: 20, ReleaseConcurrency: 30, RequestTimeout: 30 * time.Second}
+	want := Config{AllocateConcurrency: 20, ReleaseConcurrency: 30, SlotWait: 5 * time.Second, RequestTimeout: 30 * time.Second}
 	if flagged != want || DefaultConfig() != want {
 		t.Fatalf("flag defaults %+v, DefaultConfig %+v, want %+v", flagged, DefaultConfig(), want)
 	}

@@ -379,10 +379,14 @@ func (e *env) allocateTries(p podRef, tries int) (*rpc.ENIMultiIPReply, error) {
 	}
 }
 
+// release is a DEL, and waits until the release has finished (the DEL is
+// answered once the wep's delete is marked; ReleaseSettledForTest).
 func (e *env) release(p podRef) (*rpc.ReleaseIPReply, error) {
-	return e.cni.ReleaseIP(e.ctx, &rpc.ReleaseIPRequest{
+	reply, err := e.cni.ReleaseIP(e.ctx, &rpc.ReleaseIPRequest{
 		K8SPodName: p.name, K8SPodNamespace: e.ns, K8SPodInfraContainerID: p.containerID, K8SNodeName: p.node,
 	})
+	e.ipam.ReleaseSettledForTest(e.ns, p.name)
+	return reply, err
 }
 
 // cloudIPs returns, per instance, the non-primary addresses bce-sim has on

@@ -26,3 +26,8 @@ func (i *IPAM) ENICreatingForTest(node string) bool {
 // SubnetCachedForTest returns the IPAM's cached Subnet resource (nil when
 // the cache lacks it), for tests that wait for it to see a change.
 func (i *IPAM) SubnetCachedForTest(id string) *cce.Subnet { return i.subnetCR(id) }
+
+// ReleaseSettledForTest waits until no release of the pod is still finishing
+// here: a DEL is answered once its wep's delete is marked, and the finalizer's
+// removal and the address's release follow under the pod's lock.
+func (i *IPAM) ReleaseSettledForTest(namespace, name string) { i.podLock.lock(namespace + "/" + name)() }

@@ -176,7 +176,7 @@ func TestFast_Release_DeletesWEPThenFreesIP(t *testing.T) {
 	w := newFastWorld(t, fastConfig())
 	ref := w.createPod("web-0")
 	ep := w.allocate(ref)
-	got, ok, err := w.ipam.Release(w.ctx, ref)
+	got, ok, err := w.release(ref)
 	if err != nil || !ok || got.IP != ep.IP {
 		t.Fatalf("DEL = %+v, %v, %v; want the pod's %s", got, ok, err, ep.IP)
 	}
@@ -207,7 +207,7 @@ func TestFast_Release_IdempotentAndStaleSandboxIgnored(t *testing.T) {
 
 	stale := ref
 	stale.ContainerID = sandboxID("web-0", 0)
-	if _, ok, err := w.ipam.Release(w.ctx, stale); ok || err != nil {
+	if _, ok, err := w.release(stale); ok || err != nil {
 		t.Fatalf("DEL of an older sandbox = %v, %v; want ok=false, no error", ok, err)
 	}
 	if wep := w.wep("web-0"); wep == nil || wep.Spec.IP != ep.IP {
@@ -216,10 +216,10 @@ func TestFast_Release_IdempotentAndStaleSandboxIgnored(t *testing.T) {
 	if got, ok, err := w.ipam.Check(w.ctx, ref); !ok || err != nil || got.IP != ep.IP {
 		t.Fatalf("CHECK = %+v, %v, %v; want %s", got, ok, err, ep.IP)
 	}
-	if _, ok, err := w.ipam.Release(w.ctx, ref); !ok || err != nil {
+	if _, ok, err := w.release(ref); !ok || err != nil {
 		t.Fatalf("DEL = %v, %v", ok, err)
 	}
-	if _, ok, err := w.ipam.Release(w.ctx, ref); ok || err != nil {
+	if _, ok, err := w.release(ref); ok || err != nil {
 		t.Fatalf("retried DEL = %v, %v; want ok=false, no error", ok, err)
 	}
 	unknown := podip.PodRef{
@@ -228,7 +228,7 @@ func TestFast_Release_IdempotentAndStaleSandboxIgnored(t *testing.T) {
 		ContainerID: "x",
 		Node:        w.node,
 	}
-	if _, ok, err := w.ipam.Release(w.ctx, unknown); ok || err != nil {
+	if _, ok, err := w.release(unknown); ok || err != nil {
 		t.Fatalf("DEL of an unknown pod = %v, %v; want ok=false, no error", ok, err)
 	}
 	if st := w.stats(); st.Assigned != 0 {
@@ -300,7 +300,7 @@ func TestFast_GC_FixedIPOfDeletedStatefulSetReturnedToCloud(t *testing.T) {
 	if wep := w.wep("db-0"); wep == nil || !wep.IsFixedStatefulSet() {
 		t.Fatalf("wep of a fixed-IP pod: %+v, want a fixed StatefulSet wep", wep)
 	}
-	if _, ok, err := w.ipam.Release(w.ctx, ref); !ok || err != nil {
+	if _, ok, err := w.release(ref); !ok || err != nil {
 		t.Fatalf("DEL of the fixed pod = %v, %v", ok, err)
 	}
 	if w.wep("db-0") == nil || w.record(ep.IP).State != datastore.StateAssigned {
@@ -417,7 +417,7 @@ func testUnclearTrim(t *testing.T, fault bcesim.Faults, applied bool) {
 	}
 	eniID := w.allocate(w.createPod("stays")).ENIID
 	for _, ref := range refs {
-		if _, ok, err := w.ipam.Release(w.ctx, ref); !ok || err != nil {
+		if _, ok, err := w.release(ref); !ok || err != nil {
 			t.Fatalf("DEL %s = %v, %v", ref.Name, ok, err)
 		}
 	}

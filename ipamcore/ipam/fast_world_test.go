@@ -310,6 +310,15 @@ func (w *fastWorld) allocate(ref podip.PodRef) podip.Endpoint {
 	return ep
 }
 
+// release is a DEL, and waits until the release has finished (the DEL is
+// answered once the wep's delete is marked; ReleaseSettledForTest).
+func (w *fastWorld) release(ref podip.PodRef) (podip.Endpoint, bool, error) {
+	w.t.Helper()
+	ep, ok, err := w.ipam.Release(w.ctx, ref)
+	w.ipam.ReleaseSettledForTest(ref.Namespace, ref.Name)
+	return ep, ok, err
+}
+
 func (w *fastWorld) stats() datastore.NodeStats {
 	w.t.Helper()
 	st, err := w.ipam.Stats(w.node)

@@ -19,7 +19,8 @@ import (
 )
 
 // Fencing tokens on weps. Every wep a replica writes
-// (create, update, and the update that precedes its delete) carries the
+// (create, update, patch, and the update that precedes a delete of a wep
+// whose stored token is not the current one: deleteKnownFirst) carries the
 // token of the partition claim it acts under: the partition (a label), the claim's
 // holder and the claim's epoch (its Lease's spec.leaseTransitions, which
 // every claim CAS increments). The fencing ValidatingAdmissionPolicy
@@ -56,6 +57,23 @@ func (t FenceToken) Stamp(w *cce.WorkloadEndpoint) {
 	w.Labels[LabelFencePartition] = strconv.Itoa(t.Partition)
 	w.Annotations[AnnoFenceHolder] = t.Holder
 	w.Annotations[AnnoFenceEpoch] = strconv.FormatInt(t.Epoch, 10)
+}
+
+// tokenOf is the fencing token a wep carries, as one comparable string (the
+// three parts Stamp writes), or "" when it carries none.
+func tokenOf(w *cce.WorkloadEndpoint) string {
+	p, h, e := w.Labels[LabelFencePartition], w.Annotations[AnnoFenceHolder], w.Annotations[AnnoFenceEpoch]
+	if p == "" || h == "" || e == "" {
+		return ""
+	}
+	return p + "\x00" + h + "\x00" + e
+}
+
+// stampedToken is tokenOf of a wep stamped with tok.
+func stampedToken(tok FenceToken) string {
+	var w cce.WorkloadEndpoint
+	tok.Stamp(&w)
+	return tokenOf(&w)
 }
 
 // TokenFence is a Fence that also names the claim its permission rests on
@@ -206,13 +224,56 @@ func (i *IPAM) stampKnownWEP(ctx context.Context, ref podip.PodRef, rec knownWEP
 	return w, err
 }
 
+// deleteKnownFirst is the DEL's first write when the wep this replica knows
+// already carries the node's current token: the delete itself, with the
+// known UID and resourceVersion as preconditions. The fencing policy checks a
+// DELETE against the stored token, and the preconditions say the stored wep
+// is this replica's own write, so the delete is fenced without a stamp before
+// it: a replica that lost the partition carries a token that is no longer
+// the claim's, and a wep the new holder wrote since has another
+// resourceVersion. With our finalizer on the wep the delete only marks it
+// (deletionTimestamp), which nothing undoes: the release is decided, and
+// dropFinalizer completes it.
+func (i *IPAM) deleteKnownFirst(ctx context.Context, ref podip.PodRef, rec knownWEP, until time.Time) error {
+	ctx, cancel := fencedContext(ctx, until)
+	defer cancel()
+	err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Delete(ctx, ref.Name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &rec.uid, ResourceVersion: &rec.rv},
+	})
+	i.wepWritten(err)
+	return err
+}
+
+// dropFinalizer removes our finalizer from a wep whose delete is marked
+// (rest: the finalizers that stay), which lets the API server remove it: a
+// merge patch stamping tok, fenced like every wep write, that names the wep's
+// UID (a later wep of the same name is refused: the UID cannot change). It
+// carries no resourceVersion: the delete changed it, and its answer does not
+// say to what. NotFound: the wep is gone already.
+func (i *IPAM) dropFinalizer(ctx context.Context, ref podip.PodRef, uid types.UID, rest []string, tok *FenceToken,
+	until time.Time) error {
+	ctx, cancel := fencedContext(ctx, until)
+	defer cancel()
+	_, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Patch(ctx, ref.Name, types.MergePatchType,
+		wepPatch("", uid, tok, rest, nil), metav1.PatchOptions{})
+	i.wepWritten(err)
+	return err
+}
+
 // knownPatch is a JSON merge patch (RFC 7386) carrying resourceVersion rv as
 // its precondition: the token's label and annotations when tok is set, the
 // finalizers when finalizers is not nil (an empty list removes them all),
 // spec.updateAt when updateAt is set.
 func knownPatch(rv string, tok *FenceToken, finalizers []string, updateAt *metav1.Time) []byte {
+	return wepPatch(rv, "", tok, finalizers, updateAt)
+}
+
+// wepPatch is knownPatch whose preconditions are the resourceVersion rv
+// and the UID uid, each when set.
+func wepPatch(rv string, uid types.UID, tok *FenceToken, finalizers []string, updateAt *metav1.Time) []byte {
 	type meta struct {
-		ResourceVersion string            `json:"resourceVersion"`
+		ResourceVersion string            `json:"resourceVersion,omitempty"`
+		UID             types.UID         `json:"uid,omitempty"`
 		Labels          map[string]string `json:"labels,omitempty"`
 		Annotations     map[string]string `json:"annotations,omitempty"`
 		Finalizers      *[]string         `json:"finalizers,omitempty"`
@@ -223,7 +284,7 @@ func knownPatch(rv string, tok *FenceToken, finalizers []string, updateAt *metav
 	p := struct {
 		Metadata meta  `json:"metadata"`
 		Spec     *spec `json:"spec,omitempty"`
-	}{Metadata: meta{ResourceVersion: rv}}
+	}{Metadata: meta{ResourceVersion: rv, UID: uid}}
 	if tok != nil {
 		var w cce.WorkloadEndpoint
 		tok.Stamp(&w)

@@ -13,7 +13,7 @@ import (
 
 // knownWEP is what this replica knows of a wep from its own last write of it
 // (or its last read): enough to answer a repeated ADD or a CheckIP, and to
-// send a DEL's two writes with the resourceVersion as their precondition,
+// send a DEL's first write with the resourceVersion as its precondition,
 // without reading the wep first (REQUESTS.md says why each is safe). It is a
 // hint: every write made from it carries the resourceVersion, so a wep that
 // changed since (another writer, an external edit, a delete) answers
@@ -26,6 +26,7 @@ type knownWEP struct {
 	containerID string
 	ip          netip.Addr
 	finalizers  []string
+	token       string // the fencing token the wep carries as written (tokenOf), "" without one
 	kind        wepKind
 	ep          podip.Endpoint
 }
@@ -71,6 +72,7 @@ func (k *knownWEPs) remember(n *node, w *cce.WorkloadEndpoint) {
 		containerID: w.Spec.ContainerID,
 		ip:          addr.Unmap(),
 		finalizers:  w.Finalizers,
+		token:       tokenOf(w),
 		kind:        kind,
 		ep:          endpointOf(w),
 	}

@@ -65,6 +65,7 @@ func TestIPAM_ForeignIPTypes(t *testing.T) {
 	if err != nil || !del.IsSuccess || del.GetENIMultiIP().GetIP() != served.GetIP() {
 		t.Fatalf("BBC-typed DEL of a pod holding %s = %v, err %v; want it released", served.GetIP(), del, err)
 	}
+	e.ipam.ReleaseSettledForTest(e.ns, bcc.name)
 	if _, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, bcc.name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("wep of the released pod: err %v, want it deleted", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,9 +23,20 @@ import (
 // stay assigned to nobody until GC.
 func (i *IPAM) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
 	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
+	ep, ok, handled, finish, err := i.releaseKnown(ctx, ref)
+	if finish != nil {
+		// The wep's delete is marked: the call is answered now, and the
+		// finalizer and the address follow under the pod's lock, which a
+		// later call for the pod (a new sandbox's ADD) waits for. Until then
+		// the address stays assigned, so it cannot go to another pod early.
+		go func() {
+			defer unlock()
+			finish()
+		}()
+		return ep, ok, err
+	}
 	defer unlock()
-
-	if ep, ok, done, err := i.releaseKnown(ctx, ref); done {
+	if handled {
 		return ep, ok, err
 	}
 	client := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace)
@@ -103,16 +115,23 @@ func (i *IPAM) freeReleased(n *node, addr netip.Addr, ref podip.PodRef) {
 // served node the call names: no read (REQUESTS.md, "DEL"). The wep's
 // writes carry the resourceVersion this replica last wrote; if the wep
 // changed or went since (Conflict, NotFound), done=false sends the caller
-// to the read path. done=false too when nothing is known.
-func (i *IPAM) releaseKnown(ctx context.Context, ref podip.PodRef) (ep podip.Endpoint, ok, done bool, err error) {
+// to the read path. done=false too when nothing is known. A non-nil finish
+// is the rest of a release whose wep's delete is marked (finishRelease): the
+// caller runs it, holding the pod's lock until it returns.
+func (i *IPAM) releaseKnown(ctx context.Context, ref podip.PodRef) (ep podip.Endpoint, ok, done bool,
+	finish func(), err error) {
 	n, release, served := i.acquire(ref.Node)
 	if !served {
-		return podip.Endpoint{}, false, false, nil
+		return podip.Endpoint{}, false, false, nil, nil
 	}
-	defer release()
+	defer func() {
+		if finish == nil {
+			release()
+		}
+	}()
 	rec, known := i.knownFor(n, ref)
 	if !known || rec.kind == wepOther {
-		return podip.Endpoint{}, false, false, nil
+		return podip.Endpoint{}, false, false, nil, nil
 	}
 	pod := datastore.PodKey{Namespace: ref.Namespace, Name: ref.Name}
 	// Whatever happens next, this record is spent: a write from it either
@@ -120,27 +139,82 @@ func (i *IPAM) releaseKnown(ctx context.Context, ref podip.PodRef) (ep podip.End
 	i.known.forget(n.name, pod)
 	tok, until, err := i.fenceFor(n.name)
 	if err != nil {
-		return podip.Endpoint{}, false, true, err
+		return podip.Endpoint{}, false, true, nil, err
 	}
 	if rec.kind == wepFixed {
 		kept, err := i.stampKnownWEP(ctx, ref, rec, tok, until)
 		if err != nil {
-			return podip.Endpoint{}, false, false, nil // read it and stamp that (or log why not)
+			return podip.Endpoint{}, false, false, nil, nil // read it and stamp that (or log why not)
 		}
 		i.known.remember(n, kept)
 		i.metrics.releases.WithLabelValues("ok", pathFixed).Inc()
-		return rec.ep, true, true, nil
+		return rec.ep, true, true, nil, nil
 	}
-	err = i.deleteKnownWEP(ctx, ref, rec, tok, until)
+	// The delete goes first when the wep already carries the current
+	// token (deleteKnownFirst says why that is fenced); otherwise the token
+	// is stamped first, with the finalizer's removal, as the read path does.
+	marked := tok == nil || rec.token == stampedToken(*tok)
+	if marked {
+		err = i.deleteKnownFirst(ctx, ref, rec, until)
+	} else {
+		err = i.deleteKnownWEP(ctx, ref, rec, tok, until)
+	}
 	switch {
 	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
-		return podip.Endpoint{}, false, false, nil
+		return podip.Endpoint{}, false, false, nil, nil
 	case err != nil:
 		i.metrics.releases.WithLabelValues("error", pathPool).Inc()
-		return podip.Endpoint{}, false, true, err
+		return podip.Endpoint{}, false, true, nil, err
+	}
+	if marked && slices.Contains(rec.finalizers, cce.WorkloadEndpointFinalizer) {
+		return rec.ep, true, true, i.finishRelease(n, release, ref, rec), nil
 	}
 	i.freeReleased(n, rec.ip, ref)
-	return rec.ep, true, true, nil
+	return rec.ep, true, true, nil, nil
+}
+
+// finishTimeout bounds finishRelease's attempts.
+const finishTimeout = 30 * time.Second
+
+// finishRelease completes a release whose wep's delete is marked: it
+// removes our finalizer (dropFinalizer), which lets the API server remove
+// the wep, then frees the address. It holds the node (release ends that)
+// so that a hand-over waits for it, and gives up when the node stops being
+// served here. If it cannot finish, the wep stays marked with the address
+// assigned in the datastore, so nothing reuses the address; GC frees it as
+// a deleted pod's wep (freeLeakedPod), here or on the node's next owner.
+func (i *IPAM) finishRelease(n *node, release func(), ref podip.PodRef, rec knownWEP) func() {
+	return func() {
+		defer release()
+		ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+		defer cancel()
+		defer context.AfterFunc(n.life, cancel)()
+		rest := slices.DeleteFunc(slices.Clone(rec.finalizers), func(f string) bool { return f == cce.WorkloadEndpointFinalizer })
+		backoff := 50 * time.Millisecond
+		for {
+			tok, until, err := i.fenceFor(n.name)
+			if err == nil {
+				err = i.dropFinalizer(ctx, ref, rec.uid, rest, tok, until)
+			}
+			if err == nil || apierrors.IsNotFound(err) {
+				i.freeReleased(n, rec.ip, ref)
+				return
+			}
+			if errors.Is(err, ErrFenced) || refusedByFencingPolicy(err) || apierrors.IsInvalid(err) {
+				i.log.Warn("release: the wep is marked deleted but its finalizer cannot be removed here; "+
+					"its address stays held until GC frees it", "pod", ref.String(), "ip", rec.ip, "err", err)
+				return
+			}
+			select {
+			case <-ctx.Done():
+				i.log.Warn("release: gave up removing the finalizer of a wep marked deleted; "+
+					"its address stays held until GC frees it", "pod", ref.String(), "ip", rec.ip, "err", err)
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	}
 }
 
 // keepOnRelease writes the wep of a released pod whose address stays

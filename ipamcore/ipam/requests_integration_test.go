@@ -27,7 +27,7 @@ func TestIPAM_RequestsPerCNICall(t *testing.T) {
 	e, wire := newCountedEnv(t, "rq")
 	p := e.createPods("web", 1)[0]
 	ref := e.cachedPodRef(p)
-	requestsPerCNICall(t, routedCNIServer(t, e.ipam), ref, wire.expect(t))
+	requestsPerCNICall(t, routedCNIServer(t, e.ipam), e.ipam, ref, wire.expect(t))
 }
 
 func TestIPAM_RequestsFixedIPCNICalls(t *testing.T) {
@@ -35,7 +35,7 @@ func TestIPAM_RequestsFixedIPCNICalls(t *testing.T) {
 	sts := e.createStatefulSet("db", 1)
 	p := e.createStsPod(sts, 0, e.nodes[0], "", "sandbox-1")
 	ref := e.cachedPodRef(p)
-	requestsFixedIPCNICalls(t, routedCNIServer(t, e.ipam), ref, wire.expect(t))
+	requestsFixedIPCNICalls(t, routedCNIServer(t, e.ipam), e.ipam, ref, wire.expect(t))
 }
 
 // newCountedEnv is one node whose IPAM talks to the API server through a
@@ -86,12 +86,24 @@ type requestLog struct {
 	seen      []string
 	throttle  map[string]bool // request kinds answered 429 once more
 	throttled int
+	// intercept, when set, sees every logged request before it is sent:
+	// it may block it, or answer it (a non-nil response is not sent on).
+	intercept func(kind string, req *http.Request) *http.Response
 }
 
 func (l *requestLog) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		if l.record(req) {
+		throttle, kind := l.record(req)
+		if throttle {
 			return tooManyRequests(req), nil
+		}
+		l.mu.Lock()
+		intercept := l.intercept
+		l.mu.Unlock()
+		if intercept != nil && kind != "" {
+			if resp := intercept(kind, req); resp != nil {
+				return resp, nil
+			}
 		}
 		return rt.RoundTrip(req)
 	})
@@ -126,15 +138,23 @@ func tooManyRequests(req *http.Request) *http.Response {
 	}
 }
 
-// record logs the request and reports whether to answer it 429.
-func (l *requestLog) record(req *http.Request) bool {
+// setIntercept sets (nil: clears) the hook every logged request passes.
+func (l *requestLog) setIntercept(f func(kind string, req *http.Request) *http.Response) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.intercept = f
+}
+
+// record logs the request and reports whether to answer it 429, and its
+// kind ("" for a request it does not log).
+func (l *requestLog) record(req *http.Request) (bool, string) {
 	_, rest, ok := strings.Cut(req.URL.Path, "/namespaces/"+l.ns+"/")
 	if !ok {
-		return false
+		return false, ""
 	}
 	resource, name, _ := strings.Cut(rest, "/")
 	if resource != "pods" && resource != "workloadendpoints" {
-		return false
+		return false, ""
 	}
 	verb := map[string]string{
 		http.MethodGet:    "get",
@@ -156,9 +176,9 @@ func (l *requestLog) record(req *http.Request) bool {
 	if l.throttle[kind] {
 		delete(l.throttle, kind)
 		l.throttled++
-		return true
+		return true, kind
 	}
-	return false
+	return false, kind
 }
 
 func (l *requestLog) count() int {
@@ -190,7 +210,7 @@ func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { re
 // still does the right thing.
 
 // A wep changed by someone else since the ADD (an operator's label): the
-// DEL's patch is refused with Conflict, the DEL reads the wep and deletes it
+// DEL's delete is refused with Conflict, the DEL reads the wep and deletes it
 // as without a known wep, and the IP goes back to the pool.
 func TestIPAM_Requests_DELAfterExternalChangeReadsTheWEP(t *testing.T) {
 	e, wire := newCountedEnv(t, "rx")
@@ -202,11 +222,11 @@ func TestIPAM_Requests_DELAfterExternalChangeReadsTheWEP(t *testing.T) {
 	labelWEP(t, e, external, ref.Name)
 	assigned := e.stats(ref.Node).Assigned
 	expect("DEL of a wep changed since", []string{
-		"patch workloadendpoints",  // Conflict: the wep changed since our write
+		"delete workloadendpoints", // Conflict: the wep changed since our write
 		"get workloadendpoints",    // Release: the read path
 		"update workloadendpoints", // deleteWEP: drop the finalizer, stamp
 		"delete workloadendpoints", // deleteWEP
-	}, func() { cniDel(t, srv, ref) })
+	}, func() { cniDel(t, srv, e.ipam, ref) })
 	if _, err := external.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, ref.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("the wep is still there after the DEL: %v", err)
 	}
@@ -216,7 +236,7 @@ func TestIPAM_Requests_DELAfterExternalChangeReadsTheWEP(t *testing.T) {
 }
 
 // A wep deleted behind the replica's back (its finalizer removed by hand):
-// the DEL's patch answers NotFound, the read confirms it, and the DEL answers
+// the DEL's delete answers NotFound, the read confirms it, and the DEL answers
 // that nothing was held (as a DEL of an unknown wep did before). A new
 // sandbox of a pod whose known wep changed since replaces it after a read.
 func TestIPAM_Requests_StaleKnownWEPFallsBackToReads(t *testing.T) {
@@ -241,9 +261,9 @@ func TestIPAM_Requests_StaleKnownWEPFallsBackToReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("DEL of a wep deleted since", []string{
-		"patch workloadendpoints", // NotFound
-		"get workloadendpoints",   // the read path: NotFound
-	}, func() { cniDel(t, srv, gone) })
+		"delete workloadendpoints", // NotFound
+		"get workloadendpoints",    // the read path: NotFound
+	}, func() { cniDel(t, srv, e.ipam, gone) })
 
 	labelWEP(t, e, external, moved.Name)
 	next := moved
@@ -258,8 +278,8 @@ func TestIPAM_Requests_StaleKnownWEPFallsBackToReads(t *testing.T) {
 	if err != nil || w.Spec.ContainerID != next.ContainerID || w.Labels["operator"] != "" {
 		t.Fatalf("the wep after the new sandbox's ADD: %v, %+v; want it to name %s (labels replaced)", err, w, next.ContainerID)
 	}
-	expect("DEL of the new sandbox", []string{"patch workloadendpoints", "delete workloadendpoints"},
-		func() { cniDel(t, srv, next) })
+	expect("DEL of the new sandbox", []string{"delete workloadendpoints", "patch workloadendpoints"},
+		func() { cniDel(t, srv, e.ipam, next) })
 }
 
 // labelWEP changes the wep as an operator would, moving its resourceVersion.
@@ -279,22 +299,27 @@ func labelWEP(t *testing.T, e *env, c versioned.Interface, name string) {
 }
 
 // A 429 with Retry-After (what API Priority and Fairness answers when a
-// level's queues are full) on the commit's create and the DEL's patch: the
-// calls wait the Retry-After and succeed (client-go's rest client retries a
+// level's queues are full) on the commit's create and on both of the DEL's
+// writes (the delete in the call, the finalizer's patch after it): they wait
+// the Retry-After and succeed (client-go's rest client retries a
 // 429 with Retry-After, whatever the verb, within the call's context), so
 // the CNI call does not fail. The 429s are injected on the wire in front of
 // the real API server, once per request kind.
 func TestIPAM_Requests_ThrottledWritesRetriedNotFailed(t *testing.T) {
 	e, wire := newCountedEnv(t, "rt")
-	wire.throttleOnce("create workloadendpoints", "patch workloadendpoints")
+	wire.throttleOnce("create workloadendpoints", "delete workloadendpoints", "patch workloadendpoints")
 	ref := e.cachedPodRef(e.createPods("web", 1)[0])
 	srv := routedCNIServer(t, e.ipam)
 	expect := wire.expect(t)
 	expect("warm ADD, throttled once", []string{"create workloadendpoints", "create workloadendpoints"},
 		func() { cniAdd(t, srv, ref) })
-	expect("DEL, throttled once", []string{"patch workloadendpoints", "patch workloadendpoints", "delete workloadendpoints"},
-		func() { cniDel(t, srv, ref) })
-	if got := wire.throttledCount(); got != 2 {
-		t.Errorf("%d requests answered 429, want 2", got)
+	expect("DEL, throttled once", []string{"delete workloadendpoints", "delete workloadendpoints",
+		"patch workloadendpoints", "patch workloadendpoints"},
+		func() { cniDel(t, srv, e.ipam, ref) })
+	if got := wire.throttledCount(); got != 3 {
+		t.Errorf("%d requests answered 429, want 3", got)
+	}
+	if _, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, ref.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("wep after the throttled DEL: err %v, want it gone", err)
 	}
 }

@@ -30,14 +30,14 @@ func TestFast_Requests_PerCNICall(t *testing.T) {
 	t.Parallel()
 	w := newFastWorld(t, fastConfig())
 	w.waitIdle(2)
-	requestsPerCNICall(t, routedCNIServer(t, w.ipam), w.createPod("web-0"), w.expectRequests)
+	requestsPerCNICall(t, routedCNIServer(t, w.ipam), w.ipam, w.createPod("web-0"), w.expectRequests)
 }
 
 func TestFast_Requests_FixedIPCNICalls(t *testing.T) {
 	t.Parallel()
 	w := newFastWorld(t, fastConfig())
 	w.waitIdle(2)
-	requestsFixedIPCNICalls(t, routedCNIServer(t, w.ipam), w.createStsPod("db", 0, 1), w.expectRequests)
+	requestsFixedIPCNICalls(t, routedCNIServer(t, w.ipam), w.ipam, w.createStsPod("db", 0, 1), w.expectRequests)
 }
 
 // expectFunc runs call and checks that it made the API-server requests want,
@@ -47,22 +47,22 @@ type expectFunc func(what string, want []string, call func())
 // requestsPerCNICall is an ordinary pod's life: ADD from a warm pool (its pod
 // already in the node's pod watch), the same ADD again, CheckIP, DEL, and the
 // same DEL again.
-func requestsPerCNICall(t *testing.T, srv *cni.Server, ref podip.PodRef, expect expectFunc) {
+func requestsPerCNICall(t *testing.T, srv *cni.Server, ip *ipam.IPAM, ref podip.PodRef, expect expectFunc) {
 	t.Helper()
 	expect("warm ADD", []string{"create workloadendpoints"}, func() { cniAdd(t, srv, ref) })
 	expect("repeated ADD", nil, func() { cniAdd(t, srv, ref) })
 	expect("CheckIP", nil, func() { cniCheck(t, srv, ref) })
 	expect("DEL", []string{
-		"patch workloadendpoints",  // deleteKnownWEP: drop the finalizer, stamp the token
-		"delete workloadendpoints", // deleteKnownWEP
-	}, func() { cniDel(t, srv, ref) })
-	expect("repeated DEL", []string{"get workloadendpoints"}, func() { cniDel(t, srv, ref) })
+		"delete workloadendpoints", // deleteKnownFirst: marks it; the call is answered here
+		"patch workloadendpoints",  // finishRelease: drops the finalizer, stamps the token
+	}, func() { cniDel(t, srv, ip, ref) })
+	expect("repeated DEL", []string{"get workloadendpoints"}, func() { cniDel(t, srv, ip, ref) })
 }
 
 // requestsFixedIPCNICalls is a fixed-IP StatefulSet pod: its first ADD looks
 // for a reservation, its DEL only stamps the wep (the IP stays reserved), and
 // a new sandbox on the same node takes the reserved wep over.
-func requestsFixedIPCNICalls(t *testing.T, srv *cni.Server, ref podip.PodRef, expect expectFunc) {
+func requestsFixedIPCNICalls(t *testing.T, srv *cni.Server, ip *ipam.IPAM, ref podip.PodRef, expect expectFunc) {
 	t.Helper()
 	expect("fixed-IP ADD", []string{
 		"get workloadendpoints", // takeFixedIP: a reservation? (none)
@@ -70,7 +70,7 @@ func requestsFixedIPCNICalls(t *testing.T, srv *cni.Server, ref podip.PodRef, ex
 	}, func() { cniAdd(t, srv, ref) })
 	expect("fixed-IP DEL", []string{
 		"patch workloadendpoints", // stamp UpdateAt (and the fencing token)
-	}, func() { cniDel(t, srv, ref) })
+	}, func() { cniDel(t, srv, ip, ref) })
 	next := ref
 	next.ContainerID += "-next"
 	expect("fixed-IP ADD of a new sandbox", []string{
@@ -145,7 +145,9 @@ func cniAdd(t *testing.T, srv *cni.Server, ref podip.PodRef) {
 	}
 }
 
-func cniDel(t *testing.T, srv *cni.Server, ref podip.PodRef) {
+// cniDel is a DEL, and waits until the release has finished on ip (the call
+// is answered once the wep's delete is marked; the rest follows).
+func cniDel(t *testing.T, srv *cni.Server, ip *ipam.IPAM, ref podip.PodRef) {
 	t.Helper()
 	reply, err := srv.ReleaseIP(context.Background(), &rpc.ReleaseIPRequest{
 		K8SPodName:             ref.Name,
@@ -154,6 +156,7 @@ func cniDel(t *testing.T, srv *cni.Server, ref podip.PodRef) {
 		K8SNodeName:            ref.Node,
 		IPType:                 rpc.IPType_BCCMultiENIMultiIPType,
 	})
+	ip.ReleaseSettledForTest(ref.Namespace, ref.Name)
 	if err != nil || !reply.GetIsSuccess() {
 		t.Fatalf("ReleaseIP %s: %v %s", ref, err, reply.GetErrMsg())
 	}

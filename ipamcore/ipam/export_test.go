@@ -30,4 +30,6 @@ func (i *IPAM) SubnetCachedForTest(id string) *cce.Subnet { return i.subnetCR(id
 // ReleaseSettledForTest waits until no release of the pod is still finishing
 // here: a DEL is answered once its wep's delete is marked, and the finalizer's
 // removal and the address's release follow under the pod's lock.
-func (i *IPAM) ReleaseSettledForTest(namespace, name string) { i.podLock.lock(namespace + "/" + name)() }
+func (i *IPAM) ReleaseSettledForTest(namespace, name string) {
+	i.podLock.lock(namespace + "/" + name)()
+}

@@ -93,6 +93,9 @@ type IPAM struct {
 	store   *datastore.Store
 	podLock keyedMutex
 	known   *knownWEPs // the weps this replica wrote last, for the CNI path (known.go)
+	// finishing bounds the releases finished after their DEL was answered
+	// (finishRelease); with every slot taken a DEL finishes before its answer.
+	finishing chan struct{}
 
 	kubeInformers informers.SharedInformerFactory
 	cceInformers  cceinformers.SharedInformerFactory
@@ -151,6 +154,8 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 		metrics: newMetrics(reg),
 		store:   store,
 		known:   newKnownWEPs(),
+
+		finishing: make(chan struct{}, finishSlots),
 		ready:   make(chan struct{}),
 		served:  map[string]*node{},
 

@@ -154,10 +154,10 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 		metrics: newMetrics(reg),
 		store:   store,
 		known:   newKnownWEPs(),
-
-		finishing: make(chan struct{}, finishSlots),
 		ready:   make(chan struct{}),
 		served:  map[string]*node{},
+
+		finishing: make(chan struct{}, finishSlots),
 
 		leakSuspects: map[netip.Addr]time.Time{},
 	}

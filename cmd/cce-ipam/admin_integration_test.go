@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cce-ipam/sharded/e2e/fleet"
+	"github.com/cce-ipam/sharded/e2e/invariants"
 	"github.com/cce-ipam/sharded/membership"
 	"github.com/cce-ipam/sharded/operator"
 	"github.com/cce-ipam/sharded/shard"
@@ -144,15 +145,24 @@ func TestAdmin_AllocateRelease(t *testing.T) {
 	if rel.IP != ans.IP || rel.ContainerID != "sandbox-"+pod {
 		t.Errorf("release answered %+v; want %s of sandbox-%s", rel, ans.IP, pod)
 	}
-	if _, err := e.CCE.CceV1alpha1().WorkloadEndpoints(e.ns).Get(ctx, pod, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("wep after ipamctl release: %v, want NotFound", err)
+	// A DEL is answered once the wep's delete is marked; its finalizer and
+	// the address follow within milliseconds (ipamcore/ipam/REQUESTS.md).
+	var wepErr error
+	var pool invariants.PoolCounts
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, wepErr = e.CCE.CceV1alpha1().WorkloadEndpoints(e.ns).Get(ctx, pod, metav1.GetOptions{})
+		if pool, err = e.NodePool(ctx, node); err != nil {
+			t.Fatal(err)
+		}
+		if (apierrors.IsNotFound(wepErr) && pool.Assigned == 0) || time.Now().After(deadline) {
+			break
+		}
 	}
-	pool, err := e.NodePool(ctx, node)
-	if err != nil {
-		t.Fatal(err)
+	if !apierrors.IsNotFound(wepErr) {
+		t.Errorf("wep 10 s after ipamctl release: %v, want NotFound", wepErr)
 	}
 	if pool.Assigned != 0 {
-		t.Errorf("node %s pool after the release: %+v, want nothing assigned", node, pool)
+		t.Errorf("node %s pool 10 s after the release: %+v, want nothing assigned", node, pool)
 	}
 	e.wantEvent(ctx, pod, operator.ReasonReleased, user, "cleanup", ans.IP, "sandbox-"+pod, e.memberName(entry))
 

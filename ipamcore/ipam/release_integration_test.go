@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +17,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
+	"github.com/cce-ipam/sharded/ipamcore/cni"
 	"github.com/cce-ipam/sharded/ipamcore/datastore"
+	"github.com/cce-ipam/sharded/ipamcore/podip"
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
@@ -27,16 +30,8 @@ import (
 // restarting it) waits for them, then gets a live wep: had it gone ahead, the
 // pending finalizer removal would have deleted the new sandbox's wep.
 func TestIPAM_DELAnsweredOnceMarked_NewSandboxWaits(t *testing.T) {
-	e, wire := newCountedEnv(t, "rm")
-	ref := e.cachedPodRef(e.createPods("web", 1)[0])
-	srv := routedCNIServer(t, e.ipam)
-	cniAdd(t, srv, ref)
+	e, wire, srv, ref, addr := addedPod(t, "rm")
 	weps := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns)
-	first, err := weps.Get(e.ctx, ref.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := netip.MustParseAddr(first.Spec.IP)
 
 	gate := make(chan struct{})
 	var open sync.Once
@@ -112,16 +107,8 @@ func TestIPAM_DELAnsweredOnceMarked_NewSandboxWaits(t *testing.T) {
 // assigned: nothing hands it out while a wep names it. GC frees it once the
 // pod is gone, as it frees any deleted pod's wep.
 func TestIPAM_DELUnfinishedReleaseHeldUntilGC(t *testing.T) {
-	e, wire := newCountedEnv(t, "ru")
-	ref := e.cachedPodRef(e.createPods("web", 1)[0])
-	srv := routedCNIServer(t, e.ipam)
-	cniAdd(t, srv, ref)
+	e, wire, srv, ref, addr := addedPod(t, "ru")
 	weps := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns)
-	first, err := weps.Get(e.ctx, ref.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := netip.MustParseAddr(first.Spec.IP)
 
 	wire.setIntercept(func(kind string, req *http.Request) *http.Response {
 		if kind == "patch workloadendpoints" {
@@ -132,7 +119,7 @@ func TestIPAM_DELUnfinishedReleaseHeldUntilGC(t *testing.T) {
 	cniDel(t, srv, e.ipam, ref) // answered once marked; waits for the refused finish
 	wire.setIntercept(nil)
 	marked, err := weps.Get(e.ctx, ref.Name, metav1.GetOptions{})
-	if err != nil || marked.DeletionTimestamp == nil || !hasFinalizer(marked) {
+	if err != nil || marked.DeletionTimestamp == nil || !slices.Contains(marked.Finalizers, cce.WorkloadEndpointFinalizer) {
 		t.Fatalf("wep after an unfinished release: %v, err %v; want it marked deleted with its finalizer", marked, err)
 	}
 	if info, err := e.ipam.StoreForTest().LookupIP(addr); err != nil || info.State != datastore.StateAssigned {
@@ -148,6 +135,21 @@ func TestIPAM_DELUnfinishedReleaseHeldUntilGC(t *testing.T) {
 		t.Fatalf("address %s after GC: %+v, %v; want freed", addr, info, err)
 	}
 	e.checkNoLeak()
+}
+
+// addedPod is a counted env whose one pod was ADDed through the routed CNI
+// server: the server, the pod and the address its wep names.
+func addedPod(t *testing.T, prefix string) (*env, *requestLog, *cni.Server, podip.PodRef, netip.Addr) {
+	t.Helper()
+	e, wire := newCountedEnv(t, prefix)
+	ref := e.cachedPodRef(e.createPods("web", 1)[0])
+	srv := routedCNIServer(t, e.ipam)
+	cniAdd(t, srv, ref)
+	w, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, wire, srv, ref, netip.MustParseAddr(w.Spec.IP)
 }
 
 func hasFinalizer(w *cce.WorkloadEndpoint) bool {

@@ -152,15 +152,6 @@ func addedPod(t *testing.T, prefix string) (*env, *requestLog, *cni.Server, podi
 	return e, wire, srv, ref, netip.MustParseAddr(w.Spec.IP)
 }
 
-func hasFinalizer(w *cce.WorkloadEndpoint) bool {
-	for _, f := range w.Finalizers {
-		if f == cce.WorkloadEndpointFinalizer {
-			return true
-		}
-	}
-	return false
-}
-
 // fencedRefusal is the API server's answer when the fencing policy refuses
 // a write: 403 with the policy's "fenced:" message.
 func fencedRefusal(req *http.Request) *http.Response {

@@ -193,7 +193,7 @@ func (i *IPAM) deleteKnownWEP(ctx context.Context, ref podip.PodRef, rec knownWE
 	rv, uid := rec.rv, rec.uid
 	if tok != nil || slices.Contains(rec.finalizers, cce.WorkloadEndpointFinalizer) {
 		rest := slices.DeleteFunc(slices.Clone(rec.finalizers), func(f string) bool { return f == cce.WorkloadEndpointFinalizer })
-		w, err := client.Patch(ctx, ref.Name, types.MergePatchType, knownPatch(rec.rv, tok, rest, nil), metav1.PatchOptions{})
+		w, err := client.Patch(ctx, ref.Name, types.MergePatchType, wepPatch(rec.rv, "", tok, rest, nil), metav1.PatchOptions{})
 		i.wepWritten(err)
 		if err != nil {
 			return err
@@ -219,7 +219,7 @@ func (i *IPAM) stampKnownWEP(ctx context.Context, ref podip.PodRef, rec knownWEP
 	defer cancel()
 	now := metav1.NewTime(i.deps.Clock.Now())
 	w, err := i.deps.CCE.CceV1alpha1().WorkloadEndpoints(ref.Namespace).Patch(ctx, ref.Name, types.MergePatchType,
-		knownPatch(rec.rv, tok, nil, &now), metav1.PatchOptions{})
+		wepPatch(rec.rv, "", tok, nil, &now), metav1.PatchOptions{})
 	i.wepWritten(err)
 	return w, err
 }
@@ -260,16 +260,10 @@ func (i *IPAM) dropFinalizer(ctx context.Context, ref podip.PodRef, uid types.UI
 	return err
 }
 
-// knownPatch is a JSON merge patch (RFC 7386) carrying resourceVersion rv as
-// its precondition: the token's label and annotations when tok is set, the
-// finalizers when finalizers is not nil (an empty list removes them all),
-// spec.updateAt when updateAt is set.
-func knownPatch(rv string, tok *FenceToken, finalizers []string, updateAt *metav1.Time) []byte {
-	return wepPatch(rv, "", tok, finalizers, updateAt)
-}
-
-// wepPatch is knownPatch whose preconditions are the resourceVersion rv
-// and the UID uid, each when set.
+// wepPatch is a JSON merge patch (RFC 7386) whose preconditions are the
+// resourceVersion rv and the UID uid, each when set: the token's label and
+// annotations when tok is set, the finalizers when finalizers is not nil (an
+// empty list removes them all), spec.updateAt when updateAt is set.
 func wepPatch(rv string, uid types.UID, tok *FenceToken, finalizers []string, updateAt *metav1.Time) []byte {
 	type meta struct {
 		ResourceVersion string            `json:"resourceVersion,omitempty"`

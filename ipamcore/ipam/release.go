@@ -187,8 +187,8 @@ const finishTimeout = 30 * time.Second
 // once. The answer saves the caller one write's wait while the API server
 // has room; when it has none, the writes cost the same in either order (a
 // DEL is two), and more of them in flight only lengthen every request's
-// wait (bench 8b: with no bound, DEL p50 at 8 and 32 in flight was 1.2–1.6×
-// the run before the change; with this bound the DEL/ADD ratio there is
+// wait (bench 8b: with no bound, DEL p50 at 8 and 32 in flight was, per
+// cell's median of 3, 1.3–1.7× the run before the change; with this bound the DEL/ADD ratio there is
 // about what it was but for 3 replicas at 32 in flight, 2.0–2.8× against
 // 1.6–1.7×: README "API cost per CNI call").
 // So a burst of DELs beyond this finishes each before its answer, as before.

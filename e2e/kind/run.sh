@@ -54,11 +54,13 @@ CREATED=0
 OWN_DOCKERD=0
 cleanup() {
 	local code=$?
+	local why
+	why=$(cat "$WORK/why" 2>/dev/null || true)
 	for pid in ${FORWARDS[@]+"${FORWARDS[@]}"}; do
 		kill "$pid" 2>/dev/null || true
 		wait "$pid" 2>/dev/null || true
 	done
-	if [[ $code -ne 0 && $CREATED -eq 1 ]]; then
+	if [[ $code -ne 0 && $CREATED -eq 1 && -s "$KUBECONFIG" ]]; then
 		log "failed ($code); cluster state:"
 		kubectl get pods -A -o wide || true
 		kubectl -n "$NS" logs -l app.kubernetes.io/name=cce-ipam --tail=50 --prefix || true
@@ -74,6 +76,11 @@ cleanup() {
 	fi
 	if [[ $OWN_DOCKERD -eq 1 && "${KEEP:-0}" != 1 ]]; then
 		"$HERE/dockerd.sh" stop "$BIN" || true
+	fi
+	# Last, where a CI log's tail shows it: why the cluster did not come up.
+	if [[ $code -ne 0 && -n "${why:-}" ]]; then
+		log "failed ($code) creating the cluster:"
+		printf '%s\n' "$why"
 	fi
 	exit "$code"
 }
@@ -111,19 +118,48 @@ start=$SECONDS
 # A node image built just now may still be gigabytes of dirty pages; the first
 # node containers then start while the disk is busy writing them back.
 sync
-create() { kind create cluster --name "$NAME" --config "$WORK/cluster.yaml" --image "$NODE_IMAGE" --kubeconfig "$KUBECONFIG" --wait 180s "$@"; }
-# Once more on failure: the first cluster of a fresh daemon (a cold CI run,
-# right after the node image was built) has missed kind's 30 s wait for a
-# node's first log line.
-if ! create --retain; then
-	log "kind create cluster failed; the nodes' last log lines:"
-	for n in $(docker ps -a --filter "label=io.x-k8s.kind.cluster=$NAME" --format '{{.Names}}'); do
-		docker logs --tail 5 "$n" 2>&1 | sed "s/^/    $n: /"
+# Each attempt keeps its nodes (--retain) and its output, so a failure can be
+# explained: kind prints kubeadm's whole log and a stack trace, and a CI log
+# shows only its end, so the cause is printed again last (see cleanup).
+attempts=0
+create() {
+	attempts=$((attempts + 1))
+	local out="$WORK/create-$attempts.log" rc=0
+	kind create cluster --name "$NAME" --config "$WORK/cluster.yaml" --image "$NODE_IMAGE" \
+		--kubeconfig "$KUBECONFIG" --wait 180s --retain 2>&1 | tee "$out" >&2 || rc=${PIPESTATUS[0]}
+	[[ $rc -eq 0 ]] && return 0
+	explain_create "$out" >>"$WORK/why"
+	return "$rc"
+}
+# explain_create LOG: what failed (kind's ERROR line, kubeadm's failed phase
+# and last errors) and the last lines of each node's kubelet and containerd.
+explain_create() {
+	echo "kind create cluster, attempt $attempts, failed after $((SECONDS - start)) s:"
+	{ grep -E '^ERROR:|error execution phase|[Tt]imed out|deadline exceeded|^\[.*\] (Waiting|The )' "$1" || true; } |
+		cut -c1-300 | tail -n 8 | sed 's/^/    /'
+	local n
+	for n in $(docker ps -a --filter "label=io.x-k8s.kind.cluster=$NAME" --format '{{.Names}}' || true); do
+		echo "  $n: $(docker inspect -f '{{.State.Status}}' "$n" 2>/dev/null || true)"
+		{ docker logs --tail 3 "$n" 2>&1 || true; } | cut -c1-300 | sed 's/^/    log: /'
+		{ docker exec "$n" journalctl -u kubelet --no-pager -q -n 4 2>/dev/null || true; } | cut -c1-300 | sed 's/^/    kubelet: /'
+		{ docker exec "$n" journalctl -u containerd --no-pager -q 2>/dev/null || true; } | { grep -E 'level=(error|fatal)' || true; } |
+			tail -n 2 | cut -c1-300 | sed 's/^/    containerd: /'
 	done
-	log "deleting it and creating it once more"
+}
+# Again on failure, up to 3 attempts begun within 5 minutes: the first
+# cluster of a fresh daemon (a cold CI run, right after the node image was
+# built) has missed kind's 30 s wait for a node's first log line, and in one
+# CI run both of two attempts failed, the second in kubeadm (the causes were
+# cut from the log; explain_create keeps them now).
+until create; do
+	log "kind create cluster failed:"
+	cat "$WORK/why"
 	kind delete cluster --name "$NAME" || true
-	create
-fi
+	if [[ $attempts -ge 3 || $((SECONDS - start)) -ge 300 ]]; then
+		exit 1
+	fi
+	log "creating it once more"
+done
 log "cluster up in $((SECONDS - start)) s"
 # The CRDs use selectable fields (spec.node), on by default from Kubernetes 1.31.
 minor=$(kubectl get --raw /version | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n 1)

@@ -128,7 +128,8 @@ create() {
 	kind create cluster --name "$NAME" --config "$WORK/cluster.yaml" --image "$NODE_IMAGE" \
 		--kubeconfig "$KUBECONFIG" --wait 180s --retain 2>&1 | tee "$out" >&2 || rc=${PIPESTATUS[0]}
 	[[ $rc -eq 0 ]] && return 0
-	explain_create "$out" >>"$WORK/why"
+	explain_create "$out" >"$WORK/why-$attempts"
+	cat "$WORK/why-$attempts" >>"$WORK/why"
 	return "$rc"
 }
 # explain_create LOG: what failed (kind's ERROR line, kubeadm's failed phase
@@ -153,7 +154,7 @@ explain_create() {
 # cut from the log; explain_create keeps them now).
 until create; do
 	log "kind create cluster failed:"
-	cat "$WORK/why"
+	cat "$WORK/why-$attempts"
 	kind delete cluster --name "$NAME" || true
 	if [[ $attempts -ge 3 || $((SECONDS - start)) -ge 300 ]]; then
 		exit 1

@@ -19,9 +19,10 @@ import (
 )
 
 // phase is one batch of timed calls: each call's duration, and when it
-// ended (since the phase's start), in the order they ended.
+// began and ended (since the phase's start), each in its own order.
 type phase struct {
 	took    []time.Duration
+	starts  []time.Duration // of each timed call's first attempt, sorted
 	ends    []time.Duration
 	elapsed time.Duration
 	errors  int // failed attempts, retried
@@ -60,6 +61,29 @@ func (p phase) rateLast(k int) float64 {
 	return float64(k) / span.Seconds()
 }
 
+// steadyRates are the calls per second of the first and of the last k
+// calls served while conc were in flight, read from when calls began: in a
+// closed loop of conc workers every call after the first conc begins when an
+// earlier one ends, so k gaps between starts are k calls served at full
+// concurrency. The ends would not do for a comparison: the first k ends come
+// after the fastest calls of the fill, the last k wait for the slowest of the
+// drain (with 32 in flight that alone read a flat run as 0.5–0.8×). Zero
+// when the two windows would overlap.
+func (p phase) steadyRates(k, conc int) (first, last float64) {
+	n := len(p.starts)
+	conc = max(conc, 1)
+	if k <= 0 || conc+k > n-1-k {
+		return 0, 0
+	}
+	rate := func(from, to time.Duration) float64 {
+		if to <= from {
+			return 0
+		}
+		return float64(k) / (to - from).Seconds()
+	}
+	return rate(p.starts[conc], p.starts[conc+k]), rate(p.starts[n-1-k], p.starts[n-1])
+}
+
 func (p phase) quantile(q float64) float64 { return report.Quantile(report.Millis(p.took), q) }
 
 // timedPhase runs call(i) for i in 0..n-1, conc at a time. A failed call is
@@ -72,6 +96,7 @@ func timedPhase(ctx context.Context, n, conc int, call func(ctx context.Context,
 	)
 	start := time.Now()
 	err := parallel(ctx, n, conc, func(ctx context.Context, i int) error {
+		began := time.Since(start)
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
 			d, err := call(ctx, i)
@@ -83,6 +108,7 @@ func timedPhase(ctx context.Context, n, conc int, call func(ctx context.Context,
 			}
 			if err == nil {
 				p.took = append(p.took, d)
+				p.starts = append(p.starts, began)
 				p.ends = append(p.ends, time.Since(start))
 				mu.Unlock()
 				return nil
@@ -97,6 +123,7 @@ func timedPhase(ctx context.Context, n, conc int, call func(ctx context.Context,
 		}
 	})
 	p.elapsed = time.Since(start)
+	slices.Sort(p.starts)
 	slices.Sort(p.ends)
 	return p, err
 }
@@ -230,8 +257,8 @@ func (e *env) kneeOnce(ctx context.Context, pods []pod, target func() string, c,
 	if k.add, k.del, err = e.addDelPhases(ctx, pods, c, target); err != nil {
 		return k, fmt.Errorf("ADD/DEL at c=%d: %w", c, err)
 	}
-	k.addPerSecFirst, k.addPerSecLast = k.add.rateFirst(k.firstLastK), k.add.rateLast(k.firstLastK)
-	k.delPerSecFirst, k.delPerSecLast = k.del.rateFirst(k.firstLastK), k.del.rateLast(k.firstLastK)
+	k.addPerSecFirst, k.addPerSecLast = k.add.steadyRates(k.firstLastK, c)
+	k.delPerSecFirst, k.delPerSecLast = k.del.steadyRates(k.firstLastK, c)
 	k.floorPerSecAdd = float64(len(k.floorAdd.took)) / k.floorAdd.elapsed.Seconds()
 	k.floorPerSecDel = float64(len(k.floorDel.took)) / k.floorDel.elapsed.Seconds()
 	e.log.Info("apicost knee", "replicas", k.replicas, "conc", c, "repeat", repeat,

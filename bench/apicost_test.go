@@ -36,6 +36,51 @@ func TestPhase_RatesOfFirstAndLastCalls(t *testing.T) {
 	}
 }
 
+// A closed loop served at one rate throughout reads 1× from its starts,
+// however slow its last calls are to drain (which the ends count), and a
+// loop whose service slows down reads below 1×.
+func TestPhase_SteadyRatesFromStarts(t *testing.T) {
+	const conc = 4
+	// The fill: 4 calls begin at once; then a call ends, and the next
+	// begins, every 10 ms. The last 4 calls drain slowly: the last ends
+	// 200 ms after it began.
+	var flat phase
+	flat.starts = ms(0, 0, 0, 0)
+	for i := range 20 {
+		flat.starts = append(flat.starts, time.Duration(10*(i+1))*time.Millisecond)
+	}
+	flat.ends = append(ms(), flat.starts[conc:]...)
+	flat.ends = append(flat.ends, ms(210, 250, 300, 400)...)
+	first, last := flat.steadyRates(5, conc)
+	if math.Abs(first-100) > 1e-9 || math.Abs(last-100) > 1e-9 {
+		t.Errorf("flat run: steadyRates = %v, %v /s, want 100, 100", first, last)
+	}
+	if r := flat.rateLast(5) / flat.rateFirst(5); r > 0.5 {
+		t.Errorf("the ends' ratio = %v: the test's drain should read as a knee there", r)
+	}
+
+	// The same loop serving a call every 40 ms from the 15th start on.
+	var slowing phase
+	slowing.starts = ms(0, 0, 0, 0)
+	at := time.Duration(0)
+	for i := range 20 {
+		step := 10 * time.Millisecond
+		if conc+i >= 15 {
+			step = 40 * time.Millisecond
+		}
+		at += step
+		slowing.starts = append(slowing.starts, at)
+	}
+	first, last = slowing.steadyRates(5, conc)
+	if math.Abs(first-100) > 1e-9 || math.Abs(last-25) > 1e-9 {
+		t.Errorf("slowing run: steadyRates = %v, %v /s, want 100, 25", first, last)
+	}
+
+	if f, l := flat.steadyRates(10, conc); f != 0 || l != 0 {
+		t.Errorf("overlapping windows: steadyRates = %v, %v, want 0, 0", f, l)
+	}
+}
+
 func TestFilterChartArgs_KeepsOnlyWhatTheFleetDoesNotSet(t *testing.T) {
 	got := filterChartArgs([]string{"--cluster-id=c", "--bce-rate=10", "--grpc-listen=:9997", "--namespace=$(POD_NAMESPACE)",
 		"--idle-ip-pool-min-size=2", "--memberlist-bind-port=7946", "--kube-api-qps=0", "--shard-fencing-policy=x-wep-fencing",

@@ -131,13 +131,18 @@ func timedPhase(ctx context.Context, n, conc int, call func(ctx context.Context,
 // addDelPhases makes one ADD per pod (a fresh sandbox each), conc at a
 // time, then the DEL of each: two timed phases.
 func (e *env) addDelPhases(ctx context.Context, pods []pod, conc int, target func() string) (add, del phase, err error) {
+	return e.addDelPhasesTo(ctx, pods, conc, func(pod) string { return target() })
+}
+
+// addDelPhasesTo is addDelPhases with each call sent where to(pod) says.
+func (e *env) addDelPhasesTo(ctx context.Context, pods []pod, conc int, to func(pod) string) (add, del phase, err error) {
 	cids := make([]string, len(pods))
 	ips := make([]string, len(pods))
 	add, err = timedPhase(ctx, len(pods), conc, func(ctx context.Context, i int) (time.Duration, error) {
 		if cids[i] == "" {
 			cids[i] = e.drv.containerID()
 		}
-		ip, d, err := e.drv.allocate(ctx, target(), pods[i], cids[i], 30*time.Second)
+		ip, d, err := e.drv.allocate(ctx, to(pods[i]), pods[i], cids[i], 30*time.Second)
 		ips[i] = ip
 		return d, err
 	})
@@ -146,7 +151,7 @@ func (e *env) addDelPhases(ctx context.Context, pods []pod, conc int, target fun
 		if ips[i] == "" {
 			return 0, errSkip
 		}
-		return e.drv.releaseOnce(ctx, target(), pods[i], cids[i], ips[i])
+		return e.drv.releaseOnce(ctx, to(pods[i]), pods[i], cids[i], ips[i])
 	})
 	return add, del, errors.Join(err, derr)
 }

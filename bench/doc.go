@@ -16,7 +16,10 @@
 //     counted at the kube-apiserver, no knee at 1,000 ADDs and DELs against
 //     the bare wep create / delete, CPU and allocations per call before and
 //     after (a baseline binary built from a git revision), a noisy
-//     neighbour with and without the chart's flow-control objects.
+//     neighbour with and without the chart's flow-control objects;
+//  9. scale-out (issue #25): 1–4 replicas, each in a CPU cgroup capped at
+//     the same share, warm ADDs and DELs per second against N times one
+//     replica's, with each process's CPU to show what saturates.
 //
 // cmd/bench runs it (`make bench`, `make bench-long`):
 //

@@ -49,6 +49,9 @@ func buildDoc(cfg Config, res *results, path func(string) string) report.Doc {
 	if a := res.apicost; a != nil {
 		doc.Sections = append(doc.Sections, b.apicostSection(a))
 	}
+	if so := res.scaleOut; so != nil {
+		doc.Sections = append(doc.Sections, b.scaleOutSection(so))
+	}
 	doc.Sections = append(doc.Sections, b.invariantsSection())
 
 	summary := &doc.Sections[summaryIdx]

@@ -52,6 +52,14 @@ type Profile struct {
 	APICostCalls, APICostReqCalls int
 	APICostConcs                  []int
 	APICostKneeRepeats            int
+
+	// Item 9 (scale-out): for each replica count of ScaleOutReplicas, every
+	// replica capped at ScaleOutCPU CPUs, ScaleOutWaves waves of warm ADDs
+	// (LatPerNode per node of the LatNodes) then DELs, ScaleOutConc calls
+	// in flight per replica.
+	ScaleOutReplicas            []int
+	ScaleOutCPU                 float64
+	ScaleOutConc, ScaleOutWaves int
 }
 
 // Scale is a cluster size for the memory, takeover and cold-start items.
@@ -96,6 +104,11 @@ var Profiles = map[string]Profile{
 		APICostReqCalls:    50,
 		APICostConcs:       []int{1, 8, 32},
 		APICostKneeRepeats: 1,
+
+		ScaleOutReplicas: []int{1, 2},
+		ScaleOutCPU:      0.25,
+		ScaleOutConc:     8,
+		ScaleOutWaves:    2,
 	},
 	"short": {
 		Name:         "short",
@@ -126,6 +139,11 @@ var Profiles = map[string]Profile{
 		APICostReqCalls:    100,
 		APICostConcs:       []int{1, 8, 32},
 		APICostKneeRepeats: 3,
+
+		ScaleOutReplicas: []int{1, 2, 3, 4},
+		ScaleOutCPU:      0.25,
+		ScaleOutConc:     8,
+		ScaleOutWaves:    5,
 	},
 	"long": {
 		Name:         "long",
@@ -159,6 +177,11 @@ var Profiles = map[string]Profile{
 		APICostReqCalls:    100,
 		APICostConcs:       []int{1, 8, 32},
 		APICostKneeRepeats: 3,
+
+		ScaleOutReplicas: []int{1, 2, 3, 4},
+		ScaleOutCPU:      0.25,
+		ScaleOutConc:     8,
+		ScaleOutWaves:    8,
 	},
 }
 
@@ -175,7 +198,7 @@ type Config struct {
 	OutDir     string
 	ReportName string
 	// Items limits the run to some items ("latency", "psts", "failover",
-	// "budget", "scale", "apicost"); empty runs them all. A partial run's report says so.
+	// "budget", "scale", "apicost", "scaleout"); empty runs them all. A partial run's report says so.
 	Items []string
 	// Command is the command line, quoted in the report.
 	Command string
@@ -229,7 +252,7 @@ func (s APIServerSeats) String() string {
 }
 
 // Items a run can be limited to; runAll names each step's item.
-var items = []string{"latency", "psts", "failover", "budget", "scale", "apicost"}
+var items = []string{"latency", "psts", "failover", "budget", "scale", "apicost", "scaleout"}
 
 // CheckItems refuses unknown item names.
 func CheckItems(only []string) error {

@@ -28,6 +28,7 @@ type results struct {
 	budget     *budgetResult
 	scales     []*scaleResult
 	apicost    *apicostResult
+	scaleOut   *scaleOutResult
 	violations []string
 	checkerErr string
 	// unchecked: the run was interrupted before the invariant checker ran.
@@ -98,6 +99,11 @@ func (e *env) runAll(ctx context.Context, res *results) error {
 		})
 	}
 	step("apicost", "8 API cost of a CNI call", func() (err error) { res.apicost, err = e.runAPICost(ctx, latNodes); return })
+	// Last: it ends with one replica (see runScaleOut).
+	step("scaleout", "9 scale-out under a CPU quota per replica", func() (err error) {
+		res.scaleOut, err = e.runScaleOut(ctx, latNodes)
+		return
+	})
 	res.violations = e.drv.Violations()
 	if ctx.Err() != nil {
 		// Interrupted: the checker's wait (up to 3 min, on a control plane

@@ -205,7 +205,7 @@ func (e *env) scaleOutProcs(live []*fleet.Replica) map[string]int {
 	for _, r := range live {
 		out[fmt.Sprintf("r%d", r.Index())] = r.PID()
 	}
-	for name, pid := range e.f.Cluster.PIDs() {
+	for name, pid := range e.cp.PIDs() {
 		if name == "kube-apiserver" || name == "etcd" {
 			out[name] = pid
 		}

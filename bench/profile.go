@@ -53,12 +53,14 @@ type Profile struct {
 	APICostConcs                  []int
 	APICostKneeRepeats            int
 
-	// Item 9 (scale-out): for each replica count of ScaleOutReplicas, every
-	// replica capped at ScaleOutCPU CPUs, ScaleOutWaves waves of warm ADDs
-	// (LatPerNode per node of the LatNodes) then DELs, ScaleOutConc calls
-	// in flight per replica.
+	// Item 9 (scale-out): for each quota of ScaleOutCPUs (CPUs per
+	// replica) and each replica count of ScaleOutReplicas, ScaleOutWaves
+	// waves of warm ADDs (LatPerNode per node of the LatNodes) then DELs,
+	// ScaleOutConc calls in flight per replica. Here one replica at 0.25
+	// CPU already drives the API server to the machine's two cores, so a
+	// smaller quota, where the replicas are the bottleneck, comes first.
 	ScaleOutReplicas            []int
-	ScaleOutCPU                 float64
+	ScaleOutCPUs                []float64
 	ScaleOutConc, ScaleOutWaves int
 }
 
@@ -106,7 +108,7 @@ var Profiles = map[string]Profile{
 		APICostKneeRepeats: 1,
 
 		ScaleOutReplicas: []int{1, 2},
-		ScaleOutCPU:      0.25,
+		ScaleOutCPUs:     []float64{0.05, 0.25},
 		ScaleOutConc:     8,
 		ScaleOutWaves:    2,
 	},
@@ -141,7 +143,7 @@ var Profiles = map[string]Profile{
 		APICostKneeRepeats: 3,
 
 		ScaleOutReplicas: []int{1, 2, 3, 4},
-		ScaleOutCPU:      0.25,
+		ScaleOutCPUs:     []float64{0.05, 0.25},
 		ScaleOutConc:     8,
 		ScaleOutWaves:    5,
 	},
@@ -179,7 +181,7 @@ var Profiles = map[string]Profile{
 		APICostKneeRepeats: 3,
 
 		ScaleOutReplicas: []int{1, 2, 3, 4},
-		ScaleOutCPU:      0.25,
+		ScaleOutCPUs:     []float64{0.05, 0.25},
 		ScaleOutConc:     8,
 		ScaleOutWaves:    8,
 	},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,7 +19,7 @@ import (
 // Item 9, scale-out (issue #25 item 1): what sharding buys when each
 // replica has the same small CPU share, as in a cluster where a replica is
 // one pod among many with a CPU limit. N replicas, each in a CPU cgroup
-// capped at Profile.ScaleOutCPU; the API server, etcd and this driver are
+// capped at each of Profile.ScaleOutCPUs in turn; the API server, etcd and this driver are
 // not capped. Each N runs waves of warm ADDs, then their DELs, with
 // ScaleOutConc calls in flight per replica, each call sent to the node's
 // owner (no forwarding hop: the hop is item 1's and #25 item 4's), and
@@ -35,6 +36,9 @@ type scaleOutRun struct {
 	// addRates and delRates are each wave's steady calls per second.
 	addRates, delRates []float64
 	add, del           phase // every wave's calls, merged
+	// pairs is how many ADD+DEL pairs the waves made, in waveSecs.
+	pairs    int
+	waveSecs float64
 	// cpu is the CPU-seconds per second each process used over the waves:
 	// "r<i>" per replica, "kube-apiserver", "etcd", "bench" (this driver).
 	cpu map[string]float64
@@ -46,38 +50,72 @@ type scaleOutRun struct {
 	errors    int
 }
 
-// scaleOutResult is item 9.
-type scaleOutResult struct {
-	cpuQuota float64 // CPUs per replica
-	cgroup   string  // where the quotas were set ("cgroup v1 cpu", ...)
-	runs     []scaleOutRun
+// replicaCPUPerPair is the CPU the replicas spent per ADD+DEL pair, ms.
+func (r scaleOutRun) replicaCPUPerPair() float64 {
+	if r.pairs == 0 {
+		return math.NaN()
+	}
+	sum := 0.0
+	for name, c := range r.cpu {
+		if strings.HasPrefix(name, "r") {
+			sum += c
+		}
+	}
+	return sum * r.waveSecs / float64(r.pairs) * 1000
 }
 
-// runScaleOut is item 9 on nodes: the largest N first, then one replica
-// fewer at a time (a graceful leave: its nodes go to the others).
+// scaleOutQuota is one CPU quota's runs, one per replica count.
+type scaleOutQuota struct {
+	cpus float64
+	runs []scaleOutRun
+}
+
+// scaleOutResult is item 9.
+type scaleOutResult struct {
+	cgroup string // where the quotas were set ("cgroup v1 cpu", ...)
+	quotas []scaleOutQuota
+}
+
+// runScaleOut is item 9 on nodes, for each quota of the profile: the
+// largest N first, then one replica fewer at a time (a graceful leave: its
+// nodes go to the others).
 func (e *env) runScaleOut(ctx context.Context, nodes []string) (_ *scaleOutResult, err error) {
 	p := e.cfg.Profile
 	ns := slices.Clone(p.ScaleOutReplicas)
 	slices.Sort(ns)
 	slices.Reverse(ns)
-	if len(ns) == 0 || ns[len(ns)-1] < 1 {
-		return nil, errors.New("profile has no replica counts for the scale-out")
+	if len(ns) == 0 || ns[len(ns)-1] < 1 || len(p.ScaleOutCPUs) == 0 {
+		return nil, errors.New("profile has no replica counts or CPU quotas for the scale-out")
 	}
-	caps, err := newCPUCaps(p.ScaleOutCPU)
-	if err != nil {
-		return nil, fmt.Errorf("CPU quotas per replica: %w", err)
-	}
-	defer func() { err = errors.Join(err, caps.close()) }()
-	res := &scaleOutResult{cpuQuota: p.ScaleOutCPU, cgroup: caps.kind}
-
+	res := &scaleOutResult{}
 	pods, err := e.drv.createPods(ctx, "so", nodes, p.LatPerNode, 16)
 	if err != nil {
 		return nil, fmt.Errorf("create scale-out pods: %w", err)
 	}
 	defer func() { _ = e.drv.deletePods(context.WithoutCancel(ctx), pods, 16) }()
+	for _, cpus := range p.ScaleOutCPUs {
+		q, err := e.scaleOutQuota(ctx, cpus, ns, pods, nodes, res)
+		res.quotas = append(res.quotas, q)
+		if err != nil {
+			return res, fmt.Errorf("%s CPU per replica: %w", report.Num(cpus, 2), err)
+		}
+	}
+	return res, nil
+}
 
+// scaleOutQuota runs every N of ns (descending) with each replica capped at
+// cpus; the cgroups are gone when it returns.
+func (e *env) scaleOutQuota(ctx context.Context, cpus float64, ns []int, pods []pod, nodes []string,
+	res *scaleOutResult) (q scaleOutQuota, err error) {
+	q.cpus = cpus
+	caps, err := newCPUCaps(cpus)
+	if err != nil {
+		return q, fmt.Errorf("CPU quotas per replica: %w", err)
+	}
+	defer func() { err = errors.Join(err, caps.close()) }()
+	res.cgroup = caps.kind
 	if err := e.atLeastReplicas(ctx, ns[0]); err != nil {
-		return nil, err
+		return q, err
 	}
 	for _, n := range ns {
 		for len(e.running()) > n {
@@ -85,19 +123,19 @@ func (e *env) runScaleOut(ctx context.Context, nodes []string) (_ *scaleOutResul
 			last := run[len(run)-1]
 			e.log.Info("scale-out: a replica leaves", "replica", last.Index())
 			if err := last.Remove(); err != nil {
-				return res, fmt.Errorf("remove replica %d: %w", last.Index(), err)
+				return q, fmt.Errorf("remove replica %d: %w", last.Index(), err)
 			}
 			if _, err := e.settle(ctx, len(e.f.Nodes()), 3*time.Minute); err != nil {
-				return res, err
+				return q, err
 			}
 		}
 		run, err := e.scaleOutAt(ctx, caps, pods, nodes)
 		if err != nil {
-			return res, fmt.Errorf("%d replicas: %w", n, err)
+			return q, fmt.Errorf("%d replicas: %w", n, err)
 		}
-		res.runs = append(res.runs, run)
+		q.runs = append(q.runs, run)
 	}
-	return res, nil
+	return q, nil
 }
 
 // scaleOutAt measures the running replicas: every one capped, a warm-up
@@ -143,9 +181,11 @@ func (e *env) scaleOutAt(ctx context.Context, caps *cpuCaps, pods []pod, nodes [
 		run.addRates = append(run.addRates, closedLoopRate(add, conc))
 		run.delRates = append(run.delRates, closedLoopRate(del, conc))
 		run.add.took, run.del.took = append(run.add.took, add.took...), append(run.del.took, del.took...)
+		run.pairs += len(del.took)
 		run.errors += add.errors + del.errors
 	}
 	secs := waveTime.Seconds()
+	run.waveSecs = secs
 	for name, t := range ticks {
 		run.cpu[name] = t / clockTicks / secs
 	}
@@ -153,7 +193,7 @@ func (e *env) scaleOutAt(ctx context.Context, caps *cpuCaps, pods []pod, nodes [
 		run.busy = busy / total * run.machineCores
 	}
 	run.throttled = thr / secs
-	e.log.Info("scale-out", "replicas", run.replicas, "add_per_s", report.Median(run.addRates),
+	e.log.Info("scale-out", "cpu_quota", caps.cpus, "replicas", run.replicas, "add_per_s", report.Median(run.addRates),
 		"del_per_s", report.Median(run.delRates), "add_p99_ms", run.add.quantile(0.99), "busy_cores", run.busy,
 		"throttled_s_per_s", run.throttled, "cpu", fmt.Sprint(run.cpu))
 	return run, nil
@@ -308,6 +348,7 @@ type cpuCaps struct {
 	kind  string // how the report names the mechanism
 	root  string // the directory the replicas' cgroups are made in
 	v2    bool
+	cpus  float64
 	quota int // µs per period
 	made  map[int]string
 }
@@ -321,7 +362,7 @@ func newCPUCaps(cpus float64) (*cpuCaps, error) {
 	if cpus <= 0 {
 		return nil, errors.New("the quota must be above 0 CPUs")
 	}
-	c := &cpuCaps{quota: int(cpus * cfsPeriod), made: map[int]string{}}
+	c := &cpuCaps{cpus: cpus, quota: int(cpus * cfsPeriod), made: map[int]string{}}
 	if b, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers"); err == nil && slices.Contains(strings.Fields(string(b)), "cpu") {
 		c.kind, c.root, c.v2 = "cgroup v2 cpu.max", "/sys/fs/cgroup", true
 		// The children's cpu.max needs the controller enabled for them.
@@ -340,7 +381,7 @@ func newCPUCaps(cpus float64) (*cpuCaps, error) {
 func (c *cpuCaps) place(index, pid int) error {
 	dir, ok := c.made[index]
 	if !ok {
-		dir = filepath.Join(c.root, fmt.Sprintf("cce-bench-%d-r%d", os.Getpid(), index))
+		dir = filepath.Join(c.root, fmt.Sprintf("cce-bench-%d-q%d-r%d", os.Getpid(), c.quota, index))
 		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("make cgroup %s: %w", dir, err)
 		}

@@ -60,7 +60,7 @@ func TestReport_ScaleOutVerdict(t *testing.T) {
 	}
 	verdict := func(runs ...scaleOutRun) string {
 		cfg := Config{Profile: Profiles["smoke"], OutDir: t.TempDir()}
-		res := &results{scaleOut: &scaleOutResult{cpuQuota: 0.25, cgroup: "test", runs: runs}}
+		res := &results{scaleOut: &scaleOutResult{cgroup: "test", quotas: []scaleOutQuota{{cpus: 0.25, runs: runs}}}}
 		for _, s := range buildDoc(cfg, res, func(f string) string { return cfg.OutDir + "/" + f }).Sections {
 			for _, tb := range s.Tables {
 				for _, r := range tb.Rows {
@@ -79,7 +79,22 @@ func TestReport_ScaleOutVerdict(t *testing.T) {
 	if got, want := verdict(run(1, 100, 0.5), run(2, 150, 1.0)), "≥ 0.8× until saturation|N=2: 0.75×|missed at N=2 by 0.05×"; got != want {
 		t.Errorf("short of the target at 2:\n got %s\nwant %s", got, want)
 	}
-	if got := verdict(run(1, 100, 1.9), run(2, 110, 1.95)); !strings.HasSuffix(got, "not measured below saturation: the machine was saturated from N=2") {
+	if got := verdict(run(1, 100, 1.5), run(2, 110, 1.95)); !strings.HasSuffix(got, "not measured below saturation: the machine was saturated from N=2") {
 		t.Errorf("saturated from 2: %s", got)
+	}
+	if got := verdict(run(1, 100, 1.9), run(2, 110, 1.95)); !strings.HasSuffix(got, "not measured below saturation: the machine was saturated with 1 replica") {
+		t.Errorf("saturated at 1: %s", got)
+	}
+}
+
+func TestScaleOutRun_ReplicaCPUPerPair(t *testing.T) {
+	// Two replicas at 0.5 CPU each for 2 s of waves, 1,000 pairs: 2 ms a
+	// pair; the API server's CPU is not the replicas'.
+	r := scaleOutRun{pairs: 1000, waveSecs: 2, cpu: map[string]float64{"r0": 0.5, "r3": 0.5, "kube-apiserver": 1.5}}
+	if got := r.replicaCPUPerPair(); math.Abs(got-2) > 1e-9 {
+		t.Errorf("replicaCPUPerPair = %v, want 2 ms", got)
+	}
+	if got := (scaleOutRun{}).replicaCPUPerPair(); !math.IsNaN(got) {
+		t.Errorf("no pairs: %v, want NaN", got)
 	}
 }

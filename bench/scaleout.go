@@ -33,6 +33,8 @@ import (
 // scaleOutRun is one N's measurements.
 type scaleOutRun struct {
 	replicas int
+	// nodesEach is how many of the measured nodes each replica served.
+	nodesEach []int
 	// addRates and delRates are each wave's steady calls per second.
 	addRates, delRates []float64
 	add, del           phase // every wave's calls, merged
@@ -153,6 +155,13 @@ func (e *env) scaleOutAt(ctx context.Context, caps *cpuCaps, pods []pod, nodes [
 	to, err := e.ownerTarget(ctx, live, nodes)
 	if err != nil {
 		return run, err
+	}
+	perAddr := map[string]int{}
+	for _, n := range nodes {
+		perAddr[to(pod{node: n})]++
+	}
+	for _, r := range live {
+		run.nodesEach = append(run.nodesEach, perAddr[r.GRPCAddr()])
 	}
 	conc := p.ScaleOutConc * len(live)
 	settleWarm := func() { sleep(ctx, 3*time.Second) } // cooling (1s) + pool check

@@ -19,7 +19,7 @@ func (b *docBuilder) scaleOutSection(so *scaleOutResult) report.Section {
 	sec := report.Section{Heading: "9. Scale-out: N replicas, each capped at the same CPU quota"}
 	t := report.Table{
 		Caption: "9. Warm ADDs and their DELs per second with every worker busy (median of the waves), against N × one replica's",
-		Header: []string{"CPU per replica", "replicas", "in flight", "ADD/s", "N × ADD/s at 1", "ratio", "DEL/s", "ratio",
+		Header: []string{"CPU per replica", "replicas", "nodes each", "in flight", "ADD/s", "N × ADD/s at 1", "ratio", "DEL/s", "ratio",
 			"ADD p50 ms", "ADD p99 ms", "each replica's CPU (s/s)", "throttled (s/s, all replicas)",
 			"replicas' CPU ms per ADD+DEL", "kube-apiserver CPU", "etcd CPU", "bench CPU", "machine busy (cores)", "retried errors"},
 	}
@@ -37,7 +37,9 @@ func (b *docBuilder) scaleOutSection(so *scaleOutResult) report.Section {
 			"server, etcd, bce-sim and this driver are not capped. Calls go to the replica serving the pod's node (no "+
 			"forwarding hop); %d in flight per replica. Waves of %d warm ADDs (%d per node on %d nodes), then their DELs, "+
 			"3 s apart (released addresses cool for 1 s); one warm-up wave per N, then %d waves. The rates are read "+
-			"from when calls began, with every worker busy (see 8b).",
+			"from when calls began, with every worker busy (see 8b). The workers share one queue of calls, so the "+
+			"replica with the most nodes bounds the rate: the ideal for N is N × one replica's only when each serves "+
+			"the same number of nodes (\"nodes each\").",
 			so.cgroup, b.p.ScaleOutConc, b.p.LatPerNode*b.p.LatNodes, b.p.LatPerNode, b.p.LatNodes, b.p.ScaleOutWaves),
 		fmt.Sprintf("CPU columns are CPU-seconds per second of the waves (/proc/<pid>/stat), not of the pauses; machine busy "+
 			"is all cores from /proc/stat. The target stops at saturation, taken as ≥ %d %% of the cores busy.",
@@ -87,7 +89,11 @@ func (b *docBuilder) scaleOutQuota(q scaleOutQuota) (rows [][]string, curve, ide
 		}
 		busy := report.Num(r.busy, 2) + " of " + report.Num(r.machineCores, 0)
 		saturated := r.machineCores > 0 && r.busy >= saturatedShare*r.machineCores
-		rows = append(rows, []string{cpus, fmt.Sprint(r.replicas), fmt.Sprint(b.p.ScaleOutConc * r.replicas),
+		nodes := make([]string, len(r.nodesEach))
+		for i, n := range r.nodesEach {
+			nodes[i] = fmt.Sprint(n)
+		}
+		rows = append(rows, []string{cpus, fmt.Sprint(r.replicas), strings.Join(nodes, " / "), fmt.Sprint(b.p.ScaleOutConc * r.replicas),
 			report.Num(add, 0), report.Num(idealAdd, 0), report.Num(ratio, 2) + "×", report.Num(del, 0), report.Num(delRatio, 2) + "×",
 			report.Num(r.add.quantile(0.5), 1), report.Num(r.add.quantile(0.99), 1),
 			strings.Join(each, " / "), report.Num(r.throttled, 2), report.Num(r.replicaCPUPerPair(), 2),

@@ -42,7 +42,8 @@ func (b *docBuilder) scaleOutSection(so *scaleOutResult) report.Section {
 			"the same number of nodes (\"nodes each\").",
 			so.cgroup, b.p.ScaleOutConc, b.p.LatPerNode*b.p.LatNodes, b.p.LatPerNode, b.p.LatNodes, b.p.ScaleOutWaves),
 		fmt.Sprintf("CPU columns are CPU-seconds per second of the waves (/proc/<pid>/stat), not of the pauses; machine busy "+
-			"is all cores from /proc/stat. The target stops at saturation, taken as ≥ %d %% of the cores busy.",
+			"is all cores from /proc/stat. Throttled is the cgroups' cpu.stat throttled time, counted per CPU run queue, "+
+			"so one replica can show more than 1 s/s. The target stops at saturation, taken as ≥ %d %% of the cores busy.",
 			int(saturatedShare*100)),
 		"Not measured here: the same with the cloud budget as the bottleneck (`--shard-budget-follow-demand` on and off).")
 	if len(series) > 0 {

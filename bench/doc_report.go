@@ -302,7 +302,12 @@ func (b *docBuilder) scaleSections() (take, mem, cold report.Section) {
 	cold.Paragraphs = append(cold.Paragraphs, "Medians (of two starts, the lower), then every start in brackets: "+
 		"a start that went wrong is shown, not averaged away.")
 	ct := report.Table{Header: []string{"cluster", "3 replicas: time (s)", "1 replica: time (s)", "ratio",
-		"3 replicas: BCE calls", "1 replica: BCE calls", "reference ListENIs (one per node)"}}
+		"3 replicas: BCE calls", "1 replica: BCE calls", "reference ListENIs (one per node)",
+		"settled, 3 replicas: API writes/s", "settled, 1 replica: API writes/s"}}
+	cold.Paragraphs = append(cold.Paragraphs, "API writes/s settled: the replicas' own count of their write requests "+
+		"(`cce_ipam_kube_api_requests_total`, POST, PUT, PATCH, DELETE; all replicas) over the memory window after the "+
+		"start, when no pod, node or ENI changes (issue #25 item 5). Each replica renews its Lease every "+
+		"`--shard-renew-period` (1 s), one PUT: that is the floor while nothing changes.")
 	for _, sc := range b.res.scales {
 		tt.Rows = append(tt.Rows, b.takeoverRow(sc))
 		mt.Rows = append(mt.Rows, b.memoryRow(sc))
@@ -354,9 +359,17 @@ func (b *docBuilder) coldStartRow(sc *scaleResult) (row []string, note string) {
 	took := func(c coldStart) float64 { return c.took.Seconds() }
 	total := func(c coldStart) float64 { return float64(c.total) }
 	t3, t1, c3, calls1 := medianOf(three, took), medianOf(one, took), medianOf(three, total), medianOf(one, total)
+	writes := func(c coldStart) float64 { return c.settledWritesPerSec() }
+	w3, w1 := medianOf(three, writes), medianOf(one, writes)
 	row = []string{label, report.Num(t3, 1) + eachOf(three, took, 1), report.Num(t1, 1) + eachOf(one, took, 1),
 		report.Ratio(t3, t1), report.Num(c3, 0) + eachOf(three, total, 0), report.Num(calls1, 0) + eachOf(one, total, 0),
-		fmt.Sprint(sc.nodes)}
+		fmt.Sprint(sc.nodes), report.Num(w3, 1) + eachOf(three, writes, 1) + verbsLine(three),
+		report.Num(w1, 1) + eachOf(one, writes, 1) + verbsLine(one)}
+	if len(three) > 0 {
+		// The floor: one Lease renewal a second per replica.
+		b.addSummary("5. API writes/s of a settled cluster, 3 replicas, "+label, "≤ 3 (the Lease renewals)",
+			report.Num(w3, 1)+verbsLine(three), targetLine(math.Round(w3*10)/10, 3, "/s"))
+	}
 	measured := report.Num(t3, 1) + " s, " + report.Num(c3, 0) + " BCE calls"
 	if slow := slowest(three); len(three) > 1 && slow.took.Seconds() > t3 {
 		measured += fmt.Sprintf(" (slowest of %d: %s s, %d calls)", len(three), report.Num(slow.took.Seconds(), 1), slow.total)
@@ -366,6 +379,20 @@ func (b *docBuilder) coldStartRow(sc *scaleResult) (row []string, note string) {
 		"took %s (%d pods without an IP). BCE calls by operation, first 3-replica start: %s; first 1-replica start: %s.",
 		label, sc.fillTook.Round(time.Second), sc.fillLost, opsLine(three), opsLine(one))
 	return row, note
+}
+
+// verbsLine is the first start's settled writes by verb, in brackets.
+func verbsLine(cs []coldStart) string {
+	if len(cs) == 0 || len(cs[0].settledWrites) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, v := range writeVerbs {
+		if w, ok := cs[0].settledWrites[v]; ok {
+			parts = append(parts, strings.ToLower(v)+" "+report.Num(w, 1))
+		}
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
 }
 
 // budgetSection is item 5.

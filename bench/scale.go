@@ -27,6 +27,32 @@ type coldStart struct {
 	// anonRSS is the highest sampled RssAnon: the resident set without the
 	// binary's mapped pages, which every process pays whatever its share.
 	anonRSS []float64
+	// settledWrites are the replicas' API writes per second by verb (their
+	// client-side count, cce_ipam_kube_api_requests_total) over the memory
+	// window, when nothing in the cluster changes (issue #25 item 5).
+	settledWrites map[string]float64
+}
+
+// writeVerbs are the HTTP methods that change state at the API server.
+var writeVerbs = []string{"POST", "PUT", "PATCH", "DELETE"}
+
+// apiWrites reads the running replicas' API requests of each write verb,
+// summed over replicas.
+func (e *env) apiWrites(ctx context.Context) map[string]float64 {
+	out := map[string]float64{}
+	for _, v := range writeVerbs {
+		out[v] = e.sumMetric(ctx, "cce_ipam_kube_api_requests_total", map[string]string{"verb": v})
+	}
+	return out
+}
+
+// settledWritesPerSec is the total of c.settledWrites.
+func (c coldStart) settledWritesPerSec() float64 {
+	sum := 0.0
+	for _, v := range c.settledWrites {
+		sum += v
+	}
+	return sum
 }
 
 // scaleResult is items 3, 4 and 6 for one cluster size.
@@ -204,7 +230,15 @@ func (e *env) coldStart(ctx context.Context, n int) (coldStart, error) {
 		}
 	}
 	from := time.Now()
+	w0 := e.apiWrites(ctx)
 	sleep(ctx, e.cfg.Profile.MemWindow)
+	w1, secs := e.apiWrites(ctx), time.Since(from).Seconds()
+	c.settledWrites = map[string]float64{}
+	for _, v := range writeVerbs {
+		if d := w1[v] - w0[v]; d > 0 {
+			c.settledWrites[v] = d / secs
+		}
+	}
 	peak := map[int]float64{}
 	heap := map[int]float64{}
 	anon := map[int]float64{}

@@ -315,6 +315,14 @@ func (b *docBuilder) scaleSections() (take, mem, cold report.Section) {
 		ct.Rows = append(ct.Rows, row)
 		cold.Notes = append(cold.Notes, note)
 	}
+	if id := b.res.idle; id != nil {
+		dash := "—"
+		mt.Rows = append(mt.Rows, []string{"idle replica, no node (" + id.after.String() + " after ready)",
+			report.MiB(id.peakRSS), dash, dash, report.MiB(id.heapInuse), dash, dash, report.MiB(id.anonRSS), dash, dash, "0"})
+		b.addSummary("4. fixed cost of an idle replica (no node)", "(reported)",
+			fmt.Sprintf("peak RSS %s, heap in use %s, anonymous RSS %s", report.MiB(id.peakRSS), report.MiB(id.heapInuse),
+				report.MiB(id.anonRSS)), "—")
+	}
 	take.Tables, mem.Tables, cold.Tables = []report.Table{tt}, []report.Table{mt}, []report.Table{ct}
 	return take, mem, cold
 }

@@ -71,6 +71,7 @@ func TestReport_ColdStartListsEveryStart(t *testing.T) {
 		start(3, 39300*time.Millisecond, 56), start(1, 16*time.Second, 6),
 		start(3, 161100*time.Millisecond, 206), start(1, 21*time.Second, 8),
 	}}}}
+	res.idle = &idleReplica{peakRSS: 40 << 20, anonRSS: 20 << 20, heapInuse: 10 << 20, after: 10 * time.Second}
 	cold := res.scales[0].cold
 	cold[0].settledWrites = map[string]float64{"PUT": 3, "POST": 1.1}
 	cold[1].settledWrites = map[string]float64{"PUT": 1}
@@ -89,7 +90,10 @@ func TestReport_ColdStartListsEveryStart(t *testing.T) {
 		// Settled writes: the starts' median, each start, the first by verb;
 		// above 3/s (3 replicas' renewals) is a miss.
 		"5. API writes/s of a settled cluster, 3 replicas, 10 nodes / 100 pods|≤ 3 (the Lease renewals)|4.1 (post 1.1, put 3)|missed by 1.1/s",
-		"|4.1 (4.1, 6) (post 1.1, put 3)|1 (1, 1) (put 1)"} {
+		"|4.1 (4.1, 6) (post 1.1, put 3)|1 (1, 1) (put 1)",
+		// The idle replica: its own row and summary line.
+		"idle replica, no node (10s after ready)|40 MiB|—|—|10 MiB|—|—|20 MiB|—|—|0",
+		"4. fixed cost of an idle replica (no node)|(reported)|peak RSS 40 MiB, heap in use 10 MiB, anonymous RSS 20 MiB|—"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("report lacks %q:\n%s", want, got)
 		}

@@ -27,6 +27,7 @@ type results struct {
 	failover   *failoverResult
 	budget     *budgetResult
 	scales     []*scaleResult
+	idle       *idleReplica
 	apicost    *apicostResult
 	scaleOut   *scaleOutResult
 	violations []string
@@ -65,8 +66,14 @@ func Run(ctx context.Context, cfg Config) error {
 	return errors.Join(runErr, closeErr)
 }
 
-func (e *env) runAll(ctx context.Context, res *results) error {
+func (e *env) runAll(ctx context.Context, res *results) (err error) {
 	p := e.cfg.Profile
+	if e.cfg.runs("scale") {
+		// Before any node exists: what a replica costs whatever its share.
+		if res.idle, err = e.measureIdle(ctx); err != nil {
+			e.log.Warn("idle replica not measured", "err", err)
+		}
+	}
 	latNodes, err := e.addNodes(ctx, p.LatNodes)
 	if err != nil {
 		return err

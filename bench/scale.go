@@ -33,6 +33,33 @@ type coldStart struct {
 	settledWrites map[string]float64
 }
 
+// idleReplica is the memory of a replica that serves no node (the cluster
+// has none yet): the fixed cost every replica pays whatever its share
+// (issue #25 item 7).
+type idleReplica struct {
+	peakRSS, anonRSS, heapInuse float64
+	after                       time.Duration // since the replica was ready
+}
+
+// measureIdle reads replica 0's memory before the run adds any node.
+func (e *env) measureIdle(ctx context.Context) (*idleReplica, error) {
+	r := e.f.Replica(0)
+	if r == nil || !r.Running() {
+		return nil, errors.New("replica 0 does not run")
+	}
+	if err := r.WaitReady(ctx); err != nil {
+		return nil, err
+	}
+	const settle = 10 * time.Second // informers synced, first renewals done
+	sleep(ctx, settle)
+	heap, err := r.Metric(ctx, "go_memstats_heap_inuse_bytes", nil)
+	if err != nil {
+		return nil, err
+	}
+	hwm, _, anon := procMem(r.PID())
+	return &idleReplica{peakRSS: hwm, anonRSS: anon, heapInuse: heap, after: settle}, nil
+}
+
 // writeVerbs are the HTTP methods that change state at the API server.
 var writeVerbs = []string{"POST", "PUT", "PATCH", "DELETE"}
 

@@ -7,9 +7,11 @@
 //     bare WorkloadEndpoint Create at the same concurrency;
 //  2. failover after SIGKILL against memberlist's failure detection;
 //  3. BCE calls to take nodes over against one paginated VPC-wide list;
-//  4. memory per replica with 1 and with 3 replicas;
+//  4. memory per replica with 1 and with 3 replicas, and an idle replica's
+//     (no node yet): the fixed cost;
 //  5. the BCE budget at bce-sim while replicas join and leave;
-//  6. cold start of 3 replicas against 1;
+//  6. cold start of 3 replicas against 1, and the replicas' API writes per
+//     second once settled against their Lease renewals;
 //  7. PSTS (Elastic and Fixed) AllocateIP latency against a warm AllocateIP
 //     of the same waves;
 //  8. the API server's cost of a CNI call (issue #28): requests per call

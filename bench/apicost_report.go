@@ -200,7 +200,8 @@ func (b *docBuilder) kneeTables(a *apicostResult) (rates, lat report.Table) {
 			rates.Rows = append(rates.Rows, []string{fmt.Sprint(k.replicas), fmt.Sprint(k.conc), fmt.Sprint(k.repeat),
 				report.Num(k.addPerSecFirst, 0), report.Num(k.addPerSecLast, 0), report.Ratio(k.addPerSecLast, k.addPerSecFirst),
 				report.Num(k.delPerSecFirst, 0), report.Num(k.delPerSecLast, 0), report.Ratio(k.delPerSecLast, k.delPerSecFirst),
-				floorRate(k.floorPerSecAdd, k.floorAdd, k.firstLastK, k.conc), floorRate(k.floorPerSecDel, k.floorDel, k.firstLastK, k.conc),
+				floorRate(k.floorPerSecAdd, k.floorAdd, k.firstLastK, k.conc),
+				floorRate(k.floorPerSecDel, k.floorDel, k.firstLastK, k.conc),
 				fmt.Sprintf("%d, %d", k.add.errors, k.del.errors),
 				report.Ratio(k.add.rateLast(k.firstLastK), k.add.rateFirst(k.firstLastK)) + ", " +
 					report.Ratio(k.del.rateLast(k.firstLastK), k.del.rateFirst(k.firstLastK))})

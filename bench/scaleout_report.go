@@ -77,10 +77,10 @@ func (b *docBuilder) scaleOutQuota(q scaleOutQuota) (rows [][]string, curve, ide
 	saturatedAtOne := false
 	for _, r := range runs {
 		add, del := report.Median(r.addRates), report.Median(r.delRates)
-		idealAdd, idealDel, ratio, delRatio := math.NaN(), math.NaN(), math.NaN(), math.NaN()
+		idealAdd, ratio, delRatio := math.NaN(), math.NaN(), math.NaN()
 		if one != nil {
-			idealAdd, idealDel = float64(r.replicas)*report.Median(one.addRates), float64(r.replicas)*report.Median(one.delRates)
-			ratio, delRatio = add/idealAdd, del/idealDel
+			idealAdd = float64(r.replicas) * report.Median(one.addRates)
+			ratio, delRatio = add/idealAdd, del/(float64(r.replicas)*report.Median(one.delRates))
 		}
 		var each []string
 		for _, name := range sortedKeys(r.cpu) {

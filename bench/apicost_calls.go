@@ -84,6 +84,24 @@ func (p phase) steadyRates(k, conc int) (first, last float64) {
 	return rate(p.starts[conc], p.starts[conc+k]), rate(p.starts[n-1-k], p.starts[n-1])
 }
 
+// windowRates are the calls per second of each successive window of k
+// calls served while conc were in flight (read from starts, as
+// steadyRates): a knee that builds up falls from window to window, a pause
+// dips one window.
+func (p phase) windowRates(k, conc int) []float64 {
+	conc = max(conc, 1)
+	if k <= 0 {
+		return nil
+	}
+	var out []float64
+	for from := conc; from+k < len(p.starts); from += k {
+		if d := p.starts[from+k] - p.starts[from]; d > 0 {
+			out = append(out, float64(k)/d.Seconds())
+		}
+	}
+	return out
+}
+
 func (p phase) quantile(q float64) float64 { return report.Quantile(report.Millis(p.took), q) }
 
 // timedPhase runs call(i) for i in 0..n-1, conc at a time. A failed call is

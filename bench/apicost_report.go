@@ -31,11 +31,13 @@ func (b *docBuilder) apicostSection(a *apicostResult) report.Section {
 	}
 	if len(a.knee1)+len(a.knee3) > 0 {
 		rates, lat := b.kneeTables(a)
-		s.Tables = append(s.Tables, rates, lat)
+		s.Tables = append(s.Tables, rates, lat, kneeWindows(a))
 		s.Notes = append(s.Notes, fmt.Sprintf("**8b.** At each concurrency, %d time(s): %d bare wep creates then as many "+
 			"deletes (the floor, the bench's admin client without a client-side limit, right before ours), then one ADD per "+
-			"pod (a fresh sandbox) and the DEL of each. Rates: the first %d calls to end over the time from the phase's "+
-			"start, the last %d over the time from the call before them to the last. Only successful calls are timed; "+
+			"pod (a fresh sandbox) and the DEL of each. Rates are read from when calls began: in a closed loop every "+
+			"call after the first c begins when one ends, so the first %d gaps between starts after the first c, and the "+
+			"last %d, are calls served with every worker busy, without the fill's fastest or the drain's slowest ends "+
+			"(the ends' reading is the rates table's last column). Only successful calls are timed; "+
 			"failed attempts are retried and counted. The summary takes each concurrency's median over its repeats (a "+
 			"window of 100 calls lasts well under a second here: one pause moves a single sample), then the worst "+
 			"concurrency.", max(1, p.APICostKneeRepeats), p.APICostCalls, min(100, p.APICostCalls/4), min(100, p.APICostCalls/4)))
@@ -230,6 +232,36 @@ func (b *docBuilder) kneeTables(a *apicostResult) (rates, lat report.Table) {
 		b.addSummary("8b. DEL p99 / bare delete p99, "+label, "≤ 2×", report.Num(worstDelP99, 2)+"×", targetLine(worstDelP99, 2, "×"))
 	}
 	return rates, lat
+}
+
+// kneeWindows is 8b's calls per second in each successive window of 100
+// calls, at 8 in flight and more: whether a low last/first is a trend or one
+// window's dip.
+func kneeWindows(a *apicostResult) report.Table {
+	t := report.Table{
+		Caption: "8b. ADD and DEL calls per second in each successive window of 100 calls served with every worker busy " +
+			"(from starts), 8 in flight and more",
+		Header: []string{"replicas", "in flight", "repeat", "phase", "calls/s per window, first to last"},
+	}
+	for _, runs := range [][]kneeRun{a.knee1, a.knee3} {
+		for _, k := range runs {
+			if k.conc < 8 {
+				continue
+			}
+			for _, ph := range []struct {
+				name string
+				p    phase
+			}{{"ADD", k.add}, {"DEL", k.del}, {"floor create", k.floorAdd}, {"floor delete", k.floorDel}} {
+				var ws []string
+				for _, r := range ph.p.windowRates(k.firstLastK, k.conc) {
+					ws = append(ws, report.Num(r, 0))
+				}
+				t.Rows = append(t.Rows, []string{fmt.Sprint(k.replicas), fmt.Sprint(k.conc), fmt.Sprint(k.repeat), ph.name,
+					strings.Join(ws, " ")})
+			}
+		}
+	}
+	return t
 }
 
 // floorRate is a floor phase's rate and, in brackets, its own last k / first

@@ -174,3 +174,25 @@ func TestAPIServerSeats_Args(t *testing.T) {
 		t.Errorf("String() = %q: want the default read-only seats and 20 mutating", s)
 	}
 }
+
+// Windows of k calls served at full concurrency, in order: a slowdown that
+// builds up shows as falling windows.
+func TestPhase_WindowRates(t *testing.T) {
+	const conc = 2
+	p := phase{starts: ms(0, 0, 10, 20, 30, 40, 60, 80, 100, 140, 180)}
+	// Gaps from starts[2]: 10 10 10 | 20 20 20 | 40 40 (the last window is
+	// not whole).
+	got := p.windowRates(3, conc)
+	want := []float64{100, 50}
+	if len(got) != len(want) {
+		t.Fatalf("windowRates = %v, want %v", got, want)
+	}
+	for i := range want {
+		if math.Abs(got[i]-want[i]) > 1e-9 {
+			t.Errorf("window %d: %v/s, want %v/s", i, got[i], want[i])
+		}
+	}
+	if p.windowRates(0, conc) != nil {
+		t.Error("k=0: windows")
+	}
+}

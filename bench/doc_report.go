@@ -52,6 +52,9 @@ func buildDoc(cfg Config, res *results, path func(string) string) report.Doc {
 	if so := res.scaleOut; so != nil {
 		doc.Sections = append(doc.Sections, b.scaleOutSection(so))
 	}
+	if bu := res.burst; bu != nil {
+		doc.Sections = append(doc.Sections, b.burstSection(bu))
+	}
 	doc.Sections = append(doc.Sections, b.invariantsSection())
 
 	summary := &doc.Sections[summaryIdx]

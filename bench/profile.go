@@ -62,6 +62,10 @@ type Profile struct {
 	ScaleOutReplicas            []int
 	ScaleOutCPUs                []float64
 	ScaleOutConc, ScaleOutWaves int
+
+	// Item 10 (bursts): BurstSmall pods bound at once to a node whose pool
+	// is at its minimum, BurstLarge to a node whose first ENI is full.
+	BurstSmall, BurstLarge int
 }
 
 // Scale is a cluster size for the memory, takeover and cold-start items.
@@ -111,6 +115,8 @@ var Profiles = map[string]Profile{
 		ScaleOutCPUs:     []float64{0.05, 0.25},
 		ScaleOutConc:     8,
 		ScaleOutWaves:    2,
+		BurstSmall:       10,
+		BurstLarge:       30,
 	},
 	"short": {
 		Name:         "short",
@@ -146,6 +152,8 @@ var Profiles = map[string]Profile{
 		ScaleOutCPUs:     []float64{0.05, 0.25},
 		ScaleOutConc:     8,
 		ScaleOutWaves:    5,
+		BurstSmall:       30,
+		BurstLarge:       100,
 	},
 	"long": {
 		Name:         "long",
@@ -184,6 +192,8 @@ var Profiles = map[string]Profile{
 		ScaleOutCPUs:     []float64{0.05, 0.25},
 		ScaleOutConc:     8,
 		ScaleOutWaves:    8,
+		BurstSmall:       30,
+		BurstLarge:       100,
 	},
 }
 
@@ -200,7 +210,7 @@ type Config struct {
 	OutDir     string
 	ReportName string
 	// Items limits the run to some items ("latency", "psts", "failover",
-	// "budget", "scale", "apicost", "scaleout"); empty runs them all. A partial run's report says so.
+	// "budget", "scale", "apicost", "scaleout", "burst"); empty runs them all. A partial run's report says so.
 	Items []string
 	// Command is the command line, quoted in the report.
 	Command string
@@ -254,7 +264,7 @@ func (s APIServerSeats) String() string {
 }
 
 // Items a run can be limited to; runAll names each step's item.
-var items = []string{"latency", "psts", "failover", "budget", "scale", "apicost", "scaleout"}
+var items = []string{"latency", "psts", "failover", "budget", "scale", "apicost", "scaleout", "burst"}
 
 // CheckItems refuses unknown item names.
 func CheckItems(only []string) error {

@@ -30,6 +30,7 @@ type results struct {
 	idle       *idleReplica
 	apicost    *apicostResult
 	scaleOut   *scaleOutResult
+	burst      *burstResult
 	violations []string
 	checkerErr string
 	// unchecked: the run was interrupted before the invariant checker ran.
@@ -102,6 +103,7 @@ func (e *env) runAll(ctx context.Context, res *results) (err error) {
 		res.scaleOut, err = e.runScaleOut(ctx, latNodes)
 		return
 	})
+	step("burst", "10 bursts of pods on one node", func() (err error) { res.burst, err = e.runBurst(ctx); return })
 	filled := map[string]bool{}
 	for _, s := range p.Scales {
 		step("scale", "3, 4, 6 at "+s.String(), func() error {

@@ -31,7 +31,7 @@ func main() {
 	out := flag.String("out", "", "output directory (default bench/results/<today>)")
 	workDir := flag.String("work-dir", "", "directory for the processes' logs (default: a new temporary directory)")
 	items := flag.String("items", "",
-		"comma-separated items to run: latency, psts, failover, budget, scale, apicost, scaleout "+
+		"comma-separated items to run: latency, psts, failover, budget, scale, apicost, scaleout, burst "+
 			"(default all; the report then says it is partial)")
 	baselineRev := flag.String("baseline-rev", bench.DefaultBaselineRev,
 		"git revision whose cce-ipam item 8 (apicost) measures as \"before\" (CPU and allocations per call); built into the work dir")

@@ -1,0 +1,58 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// The floor adds the batches beyond the owner's burst at its rate, one
+// attach when new ENIs are needed, and the bare wep creates.
+func TestBurstFloor(t *testing.T) {
+	// 30 pods, 4 idle: 26 to add in 3 batches of 10; plenty of free slots;
+	// share 2/s with a burst of 1: 2 calls wait 1 s; creates 100 ms.
+	r := burstRun{pods: 30, idleAt0: 4, enisAt0: 100, share: 2, shareB: 1, apiFloor: 100 * time.Millisecond}
+	got, note := burstFloor(r, 10, 39, 50*time.Millisecond)
+	if got != 1100*time.Millisecond {
+		t.Errorf("floor = %v, want 1.1s (%s)", got, note)
+	}
+	// 100 pods, 10 idle, 5 free slots: 90 to add, 85 beyond the slots: 3
+	// new ENIs of 39 (6 calls) + 9 batches = 15 calls; burst 5 at once,
+	// 10 at 5/s = 2 s; one attach of 50 ms; creates 300 ms.
+	r = burstRun{pods: 100, idleAt0: 10, enisAt0: 5, share: 5, shareB: 5, apiFloor: 300 * time.Millisecond}
+	got, note = burstFloor(r, 10, 39, 50*time.Millisecond)
+	if got != 2350*time.Millisecond {
+		t.Errorf("floor = %v, want 2.35s (%s)", got, note)
+	}
+	if !strings.Contains(note, "3 new ENI(s)") || !strings.Contains(note, "15 BCE calls") {
+		t.Errorf("note: %s", note)
+	}
+}
+
+// Item 10's rows and verdicts: a burst that missed a pod is missed whatever
+// its time; one within its target is met.
+func TestReport_BurstVerdicts(t *testing.T) {
+	cfg := Config{Profile: Profiles["smoke"], OutDir: t.TempDir()}
+	ok := burstRun{name: "a. pool at its minimum", pods: 2, took: ms(100, 300), all: 300 * time.Millisecond,
+		floor: 250 * time.Millisecond, target: 375 * time.Millisecond, targetText: "≤ 1.5× floor"}
+	lost := burstRun{name: "b. first ENI full", pods: 3, took: ms(100, 200), all: time.Second,
+		floor: 900 * time.Millisecond, target: 2 * time.Second, targetText: "≤ attach (50ms) + 2 s"}
+	res := &results{burst: &burstResult{runs: []burstRun{ok, lost}}}
+	var b strings.Builder
+	for _, s := range buildDoc(cfg, res, func(f string) string { return cfg.OutDir + "/" + f }).Sections {
+		for _, tb := range s.Tables {
+			for _, r := range tb.Rows {
+				b.WriteString(strings.Join(r, "|") + "\n")
+			}
+		}
+	}
+	got := b.String()
+	for _, want := range []string{
+		"10a. pool at its minimum, 2 pods: until every pod has its IP|≤ 1.5× floor|0.3 s (floor 0.25 s, 1.2×)|met",
+		"10b. first ENI full, 3 pods: until every pod has its IP|≤ attach (50ms) + 2 s|1 s (floor 0.9 s, 1.11×)|missed: 2 of 3 pods got an IP",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+}

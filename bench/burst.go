@@ -86,8 +86,12 @@ func (e *env) runBurst(ctx context.Context) (*burstResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	fillCIDs, fillIPs := make([]string, len(fill)), make([]string, len(fill))
+	defer func() { e.releaseAll(context.WithoutCancel(ctx), fill, fillCIDs, fillIPs, to) }()
 	if err := parallel(ctx, len(fill), 8, func(ctx context.Context, i int) error {
-		_, err := e.drv.allocateRetry(ctx, func() string { return to(fill[i]) }, fill[i], e.drv.containerID(), time.Minute)
+		fillCIDs[i] = e.drv.containerID()
+		var err error
+		fillIPs[i], err = e.drv.allocateRetry(ctx, func() string { return to(fill[i]) }, fill[i], fillCIDs[i], time.Minute)
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("fill node %s: %w", large, err)
@@ -185,14 +189,17 @@ func (e *env) burstOnce(ctx context.Context, name, node string, n int, onFullENI
 		return run, err
 	}
 	var mu sync.Mutex
+	cids, ips := make([]string, n), make([]string, n)
+	defer func() { e.releaseAll(context.WithoutCancel(ctx), pods, cids, ips, to) }()
 	start := time.Now()
 	err = parallel(ctx, n, n, func(ctx context.Context, i int) error {
-		cid := e.drv.containerID()
+		cids[i] = e.drv.containerID()
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
-			_, _, err := e.drv.allocate(ctx, to(pods[i]), pods[i], cid, 30*time.Second)
+			ip, _, err := e.drv.allocate(ctx, to(pods[i]), pods[i], cids[i], 30*time.Second)
 			mu.Lock()
 			if err == nil {
+				ips[i] = ip
 				run.took = append(run.took, time.Since(start))
 				mu.Unlock()
 				return nil
@@ -226,6 +233,17 @@ func (e *env) burstOnce(ctx context.Context, name, node string, n int, onFullENI
 	e.log.Info("burst", "name", name, "pods", n, "all_s", run.all.Seconds(), "floor_s", run.floor.Seconds(),
 		"idle_at_start", run.idleAt0, "free_slots", run.enisAt0, "failed_attempts", run.failed, "calls", fmt.Sprint(run.calls))
 	return run, errors.Join(err, serr)
+}
+
+// releaseAll frees what pods were given (untimed), so that the next items
+// find the nodes as a kubelet would leave them.
+func (e *env) releaseAll(ctx context.Context, pods []pod, cids, ips []string, to func(pod) string) {
+	_ = parallel(ctx, len(pods), 8, func(ctx context.Context, i int) error {
+		if ips[i] == "" {
+			return nil
+		}
+		return e.drv.release(ctx, func() string { return to(pods[i]) }, pods[i], cids[i], ips[i], time.Minute)
+	})
 }
 
 // ownerShare is the BCE budget share of node's owner.

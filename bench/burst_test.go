@@ -56,3 +56,41 @@ func TestReport_BurstVerdicts(t *testing.T) {
 		}
 	}
 }
+
+// Item 1 with 3 replicas: the #25 line holds p99 to 1.5× the floor, and the
+// hop table splits calls by where they entered.
+func TestReport_LatencyHopAndRaisedTarget(t *testing.T) {
+	cfg := Config{Profile: Profiles["smoke"], OutDir: t.TempDir()}
+	run := func(name string, ms ...int) *latRun {
+		var ds []time.Duration
+		for _, m := range ms {
+			ds = append(ds, time.Duration(m)*time.Millisecond)
+		}
+		return &latRun{name: name, repeats: [][]time.Duration{ds}, rates: []float64{100}}
+	}
+	res := &results{latency: &latencyResult{
+		floor1: run("floor, 1-replica phase", 10), ours1: run("1 replica", 12),
+		floor3: run("floor, 3-replica phase", 10), ours3: run("3 replicas", 17),
+		direct: ms(10, 10, 12), forwarded: ms(15, 15, 20),
+	}}
+	var b strings.Builder
+	for _, s := range buildDoc(cfg, res, func(f string) string { return cfg.OutDir + "/" + f }).Sections {
+		for _, tb := range s.Tables {
+			for _, r := range tb.Rows {
+				b.WriteString(strings.Join(r, "|") + "\n")
+			}
+		}
+	}
+	got := b.String()
+	for _, want := range []string{
+		"1. p99 warm ADD, 3 replicas|≤ 2× floor|1.7× floor|met",
+		"1. p99 warm ADD, 3 replicas, forwarded hop included (#25)|≤ 1.5× floor|1.7× floor|missed by 0.2×",
+		"the node's owner (no hop)|3|10|",
+		"another replica (forwarded)|3|15|",
+		"the hop's cost (forwarded − direct)||5|",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+}

@@ -41,6 +41,10 @@ func (l *latRun) medians() (p50, p99, rate float64) {
 type latencyResult struct {
 	floor1, ours1, floor3, ours3 *latRun
 	forwardedShare               float64 // of CNI calls during the 3-replica waves
+	// direct and forwarded split the 3-replica waves' calls by whether the
+	// replica called served the pod's node or forwarded the call to the
+	// one that does (issue #25 item 4: the hop's own cost).
+	direct, forwarded []time.Duration
 }
 
 // floorWave creates n bare WorkloadEndpoints, conc at a time, timing each
@@ -73,6 +77,13 @@ func (e *env) floorWave(ctx context.Context, n, conc int) ([]time.Duration, time
 // each call at target(); failed calls are counted and retried, only
 // successful calls are timed. Then every IP is released again (untimed).
 func (e *env) allocWave(ctx context.Context, pods []pod, conc int, target func() string) ([]time.Duration, time.Duration, int, error) {
+	return e.allocWaveSeen(ctx, pods, conc, target, nil)
+}
+
+// allocWaveSeen is allocWave that also tells seen, when not nil, where each
+// successful call went and how long it took.
+func (e *env) allocWaveSeen(ctx context.Context, pods []pod, conc int, target func() string,
+	seen func(p pod, addr string, took time.Duration)) ([]time.Duration, time.Duration, int, error) {
 	var mu sync.Mutex
 	var lat []time.Duration
 	errs := 0
@@ -83,9 +94,13 @@ func (e *env) allocWave(ctx context.Context, pods []pod, conc int, target func()
 		cids[i] = e.drv.containerID()
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
-			ip, d, err := e.drv.allocate(ctx, target(), pods[i], cids[i], 30*time.Second)
+			addr := target()
+			ip, d, err := e.drv.allocate(ctx, addr, pods[i], cids[i], 30*time.Second)
 			mu.Lock()
 			if err == nil {
+				if seen != nil {
+					seen(pods[i], addr, d)
+				}
 				lat = append(lat, d)
 				ips[i] = ip
 				mu.Unlock()
@@ -125,6 +140,7 @@ func (e *env) runLatency(ctx context.Context, nodes []string) (*latencyResult, e
 	res := &latencyResult{floor1: &latRun{name: "floor, 1-replica phase"}, ours1: &latRun{name: "1 replica"},
 		floor3: &latRun{name: "floor, 3-replica phase"}, ours3: &latRun{name: "3 replicas"}}
 
+	var seen func(pod, string, time.Duration) // set for the 3-replica waves
 	measure := func(floor, ours *latRun, target func() string) error {
 		// Warm-up: connections, caches, pools.
 		if _, _, _, err := e.allocWave(ctx, pods, p.Conc, target); err != nil {
@@ -143,7 +159,7 @@ func (e *env) runLatency(ctx context.Context, nodes []string) (*latencyResult, e
 					return err
 				}
 				fl, ft, floor.errors = append(fl, lat...), ft+el, floor.errors+errs
-				lat, el, errs, err = e.allocWave(ctx, pods, p.Conc, target)
+				lat, el, errs, err = e.allocWaveSeen(ctx, pods, p.Conc, target, seen)
 				if err != nil {
 					return err
 				}
@@ -172,6 +188,20 @@ func (e *env) runLatency(ctx context.Context, nodes []string) (*latencyResult, e
 	// hop "entry" counts a forwarded call once, where it entered.
 	entry := map[string]string{"hop": "entry"}
 	calls0 := e.sumMetric(ctx, "cce_ipam_cni_requests_total", entry)
+	owner, err := e.ownerTarget(ctx, e.running(), nodes)
+	if err != nil {
+		return nil, err
+	}
+	var seenMu sync.Mutex
+	seen = func(p pod, addr string, took time.Duration) {
+		seenMu.Lock()
+		defer seenMu.Unlock()
+		if addr == owner(p) {
+			res.direct = append(res.direct, took)
+		} else {
+			res.forwarded = append(res.forwarded, took)
+		}
+	}
 	if err := measure(res.floor3, res.ours3, e.randomTarget()); err != nil {
 		return nil, err
 	}

@@ -188,19 +188,8 @@ func (e *env) runLatency(ctx context.Context, nodes []string) (*latencyResult, e
 	// hop "entry" counts a forwarded call once, where it entered.
 	entry := map[string]string{"hop": "entry"}
 	calls0 := e.sumMetric(ctx, "cce_ipam_cni_requests_total", entry)
-	owner, err := e.ownerTarget(ctx, e.running(), nodes)
-	if err != nil {
+	if seen, err = e.hopRecorder(ctx, nodes, res); err != nil {
 		return nil, err
-	}
-	var seenMu sync.Mutex
-	seen = func(p pod, addr string, took time.Duration) {
-		seenMu.Lock()
-		defer seenMu.Unlock()
-		if addr == owner(p) {
-			res.direct = append(res.direct, took)
-		} else {
-			res.forwarded = append(res.forwarded, took)
-		}
 	}
 	if err := measure(res.floor3, res.ours3, e.randomTarget()); err != nil {
 		return nil, err
@@ -211,6 +200,25 @@ func (e *env) runLatency(ctx context.Context, nodes []string) (*latencyResult, e
 		res.forwardedShare = fwd / calls
 	}
 	return res, nil
+}
+
+// hopRecorder files each call into res.direct or res.forwarded by whether
+// it entered at the owner of the pod's node, as the settled replicas see it.
+func (e *env) hopRecorder(ctx context.Context, nodes []string, res *latencyResult) (func(pod, string, time.Duration), error) {
+	owner, err := e.ownerTarget(ctx, e.running(), nodes)
+	if err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	return func(p pod, addr string, took time.Duration) {
+		mu.Lock()
+		defer mu.Unlock()
+		if addr == owner(p) {
+			res.direct = append(res.direct, took)
+		} else {
+			res.forwarded = append(res.forwarded, took)
+		}
+	}, nil
 }
 
 // sumMetric sums a metric's series with labels over the running replicas.

@@ -133,7 +133,8 @@ create() {
 	return "$rc"
 }
 # explain_create LOG: what failed (kind's ERROR line, kubeadm's failed phase
-# and last errors) and the last lines of each node's kubelet and containerd.
+# and last errors), and each node's last lines of its image import, kubelet
+# and containerd errors.
 explain_create() {
 	echo "kind create cluster, attempt $attempts, failed after $((SECONDS - start)) s:"
 	{ grep -E '^ERROR:|error execution phase|[Tt]imed out|deadline exceeded|^\[.*\] (Waiting|The )' "$1" || true; } |
@@ -142,9 +143,10 @@ explain_create() {
 	for n in $(docker ps -a --filter "label=io.x-k8s.kind.cluster=$NAME" --format '{{.Names}}' || true); do
 		echo "  $n: $(docker inspect -f '{{.State.Status}}' "$n" 2>/dev/null || true)"
 		{ docker logs --tail 3 "$n" 2>&1 || true; } | cut -c1-300 | sed 's/^/    log: /'
+		{ docker exec "$n" journalctl -u kind-images --no-pager -q -n 3 2>/dev/null || true; } | cut -c1-400 | sed 's/^/    images: /'
 		{ docker exec "$n" journalctl -u kubelet --no-pager -q -n 4 2>/dev/null || true; } | cut -c1-300 | sed 's/^/    kubelet: /'
 		{ docker exec "$n" journalctl -u containerd --no-pager -q 2>/dev/null || true; } | { grep -E 'level=(error|fatal)' || true; } |
-			tail -n 2 | cut -c1-300 | sed 's/^/    containerd: /'
+			tail -n 2 | cut -c1-500 | sed 's/^/    containerd: /'
 	done
 }
 # Again on failure, up to 3 attempts begun within 5 minutes: the first

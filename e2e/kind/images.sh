@@ -78,9 +78,11 @@ component() { # NAME IMAGE BINARY ENTRYPOINT_JSON FROM
 	fi
 	docker build -q -t "$2" "$ctx" >/dev/null
 	components+=("$2")
+	component_names+=("$1")
 	echo "$2 $(docker image inspect -f '{{.Id}}' "$2")" >>"$work/component-ids"
 }
 components=()
+component_names=() # kind-import-images picks a node's images by these names
 log "component images (kube $KUBE_VERSION, etcd $ETCD_VERSION, coredns $COREDNS_VERSION, pause $PAUSE_VERSION)"
 for c in kube-apiserver kube-controller-manager kube-scheduler; do
 	component "$c" "registry.k8s.io/$c:$KUBE_VERSION" "$c" "" scratch
@@ -99,13 +101,14 @@ cp "$bin_dir/kindnode/kubelet" "$bin_dir/kindnode/kubeadm" "$bin_dir/kindnode/ku
 CGO_ENABLED=0 go build -C "$root" -o "$ctx/bin/runcwrap" ./e2e/kind/runcwrap
 # The tag hashes what goes in: the files, the binaries and the component
 # images' IDs (a saved tarball is not byte-stable, an image ID is).
-node_recipe=$( (cd "$ctx" && find . -type f -print0 | sort -z | xargs -0 sha256sum; echo "$BASE"; cat "$work/component-ids") | sha256sum | cut -c1-10)
+node_recipe=$( (cd "$ctx" && find . -type f -print0 | sort -z | xargs -0 sha256sum; echo "$BASE"; cat "$work/component-ids"
+	sha256sum <"$here/images.sh") | sha256sum | cut -c1-10)
 NODE=cce-kind-node:$KUBE_VERSION-$node_recipe
 if ! have "$NODE"; then
 	log "building $NODE"
 	mkdir -p "$ctx/images"
 	for i in "${!components[@]}"; do
-		docker save -o "$ctx/images/$i.tar" "${components[$i]}"
+		docker save -o "$ctx/images/${component_names[$i]}.tar" "${components[$i]}"
 	done
 	docker build -q --build-arg "BASE=$BASE" --build-arg "KUBE_VERSION=$KUBE_VERSION" -t "$NODE" "$ctx" >/dev/null
 fi

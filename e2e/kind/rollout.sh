@@ -227,8 +227,10 @@ until [ "$(kubectl -n "$LOAD_NS" get pods -l app=load \
 	-o jsonpath='{range .items[*]}{.metadata.deletionTimestamp}{"|"}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
 	grep -c '^|True$')" = 20 ]; do
 	if [ $((SECONDS - ready_start)) -gt 120 ]; then
-		echo "rollout: the 20 load pods are not all Ready 120 s after the node kill:" >&2
+		echo "rollout: the 20 load pods are not all Ready 120 s after the node kill (name, deletion, Ready condition):" >&2
+		kubectl -n "$LOAD_NS" get pods -l app=load -o jsonpath='{range .items[*]}{.metadata.name}{" |"}{.metadata.deletionTimestamp}{"|"}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' >&2
 		kubectl -n "$LOAD_NS" get pods -o wide >&2
+		grep -i 'failed' "$WORK/kubelet-sim.log" | tail -n 10 >&2 || true
 		exit 1
 	fi
 	sleep 1

@@ -29,15 +29,11 @@ func TestBurstFloor(t *testing.T) {
 	}
 }
 
-// Item 10's rows and verdicts: a burst that missed a pod is missed whatever
-// its time; one within its target is met.
-func TestReport_BurstVerdicts(t *testing.T) {
+// tableRows renders every table row of the report on res (smoke profile),
+// cells joined by "|", a row per line.
+func tableRows(t *testing.T, res *results) string {
+	t.Helper()
 	cfg := Config{Profile: Profiles["smoke"], OutDir: t.TempDir()}
-	ok := burstRun{name: "a. pool at its minimum", pods: 2, took: ms(100, 300), all: 300 * time.Millisecond,
-		floor: 250 * time.Millisecond, target: 375 * time.Millisecond, targetText: "≤ 1.5× floor"}
-	lost := burstRun{name: "b. first ENI full", pods: 3, took: ms(100, 200), all: time.Second,
-		floor: 900 * time.Millisecond, target: 2 * time.Second, targetText: "≤ attach (50ms) + 2 s"}
-	res := &results{burst: &burstResult{runs: []burstRun{ok, lost}}}
 	var b strings.Builder
 	for _, s := range buildDoc(cfg, res, func(f string) string { return cfg.OutDir + "/" + f }).Sections {
 		for _, tb := range s.Tables {
@@ -46,7 +42,17 @@ func TestReport_BurstVerdicts(t *testing.T) {
 			}
 		}
 	}
-	got := b.String()
+	return b.String()
+}
+
+// Item 10's rows and verdicts: a burst that missed a pod is missed whatever
+// its time; one within its target is met.
+func TestReport_BurstVerdicts(t *testing.T) {
+	ok := burstRun{name: "a. pool at its minimum", pods: 2, took: ms(100, 300), all: 300 * time.Millisecond,
+		floor: 250 * time.Millisecond, target: 375 * time.Millisecond, targetText: "≤ 1.5× floor"}
+	lost := burstRun{name: "b. first ENI full", pods: 3, took: ms(100, 200), all: time.Second,
+		floor: 900 * time.Millisecond, target: 2 * time.Second, targetText: "≤ attach (50ms) + 2 s"}
+	got := tableRows(t, &results{burst: &burstResult{runs: []burstRun{ok, lost}}})
 	for _, want := range []string{
 		"10a. pool at its minimum, 2 pods: until every pod has its IP|≤ 1.5× floor|0.3 s (floor 0.25 s, 1.2×)|met",
 		"10b. first ENI full, 3 pods: until every pod has its IP|≤ attach (50ms) + 2 s|1 s (floor 0.9 s, 1.11×)|missed: 2 of 3 pods got an IP",
@@ -60,28 +66,15 @@ func TestReport_BurstVerdicts(t *testing.T) {
 // Item 1 with 3 replicas: the #25 line holds p99 to 1.5× the floor, and the
 // hop table splits calls by where they entered.
 func TestReport_LatencyHopAndRaisedTarget(t *testing.T) {
-	cfg := Config{Profile: Profiles["smoke"], OutDir: t.TempDir()}
-	run := func(name string, ms ...int) *latRun {
-		var ds []time.Duration
-		for _, m := range ms {
-			ds = append(ds, time.Duration(m)*time.Millisecond)
-		}
-		return &latRun{name: name, repeats: [][]time.Duration{ds}, rates: []float64{100}}
+	run := func(name string, d int) *latRun {
+		return &latRun{name: name, repeats: [][]time.Duration{ms(d)}, rates: []float64{100}}
 	}
 	res := &results{latency: &latencyResult{
 		floor1: run("floor, 1-replica phase", 10), ours1: run("1 replica", 12),
 		floor3: run("floor, 3-replica phase", 10), ours3: run("3 replicas", 17),
 		direct: ms(10, 10, 12), forwarded: ms(15, 15, 20),
 	}}
-	var b strings.Builder
-	for _, s := range buildDoc(cfg, res, func(f string) string { return cfg.OutDir + "/" + f }).Sections {
-		for _, tb := range s.Tables {
-			for _, r := range tb.Rows {
-				b.WriteString(strings.Join(r, "|") + "\n")
-			}
-		}
-	}
-	got := b.String()
+	got := tableRows(t, res)
 	for _, want := range []string{
 		"1. p99 warm ADD, 3 replicas|≤ 2× floor|1.7× floor|met",
 		"1. p99 warm ADD, 3 replicas, forwarded hop included (#25)|≤ 1.5× floor|1.7× floor|missed by 0.2×",

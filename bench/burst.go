@@ -11,6 +11,7 @@ import (
 
 	"github.com/cce-ipam/sharded/bench/report"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
+	"github.com/cce-ipam/sharded/shard"
 )
 
 // Item 10, bursts (issue #25 item 2): pods bound at once to one node, as a
@@ -222,7 +223,7 @@ func (e *env) burstOnce(ctx context.Context, name, node string, n int, onFullENI
 		}
 	}
 	perENI := bcesim.MaxIPsPerENI(e.f.Options().InstanceMemoryGB) - 1 // the primary is no pod's
-	run.floor, run.floorNote = burstFloor(run, e.batchSize(), perENI, e.f.Options().AttachDelay)
+	run.floor, run.floorNote = burstFloor(run, benchBatchAddIPNum, perENI, e.f.Options().AttachDelay)
 	// The issue's targets: a burst on a pool at its minimum within 1.5× its
 	// floor; one that needs ENIs within the attach time + 2 s.
 	run.target, run.targetText = run.floor*3/2, "≤ 1.5× floor"
@@ -247,27 +248,18 @@ func (e *env) releaseAll(ctx context.Context, pods []pod, cids, ips []string, to
 }
 
 // ownerShare is the BCE budget share of node's owner.
-func (e *env) ownerShare(ctx context.Context, node string) (Share, error) {
+func (e *env) ownerShare(ctx context.Context, node string) (shard.Share, error) {
 	idx, err := e.f.NodeOwner(ctx, node)
 	if err != nil {
-		return Share{}, err
+		return shard.Share{}, err
 	}
 	r := e.f.Replica(idx)
 	if r == nil {
-		return Share{}, fmt.Errorf("no replica %d", idx)
+		return shard.Share{}, fmt.Errorf("no replica %d", idx)
 	}
 	st, err := status(ctx, r)
-	return Share{Rate: st.Budget.Rate, Burst: st.Budget.Burst}, err
+	return st.Budget, err
 }
-
-// Share is a replica's BCE budget share as its status reports it.
-type Share struct {
-	Rate  float64
-	Burst int64
-}
-
-// batchSize is --batch-add-ip-num of the bench's replicas.
-func (e *env) batchSize() int { return 10 }
 
 // burstFloor is what the cloud limits and the API server allow at best:
 // the addresses the node lacks come in batches of batch, one BCE call each,

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/cce-ipam/sharded/bench/report"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
@@ -38,7 +37,7 @@ func (b *docBuilder) burstSection(bu *burstResult) report.Section {
 				report.Ratio(r.all.Seconds(), r.floor.Seconds())), verdict)
 		sec.Notes = append(sec.Notes, fmt.Sprintf("Floor of %s: %s.", r.name, r.floorNote))
 		s := report.Series{Name: fmt.Sprintf("%s (%d pods)", r.name, r.pods), Step: true}
-		for i, d := range sortedDurations(r.took) {
+		for i, d := range slices.Sorted(slices.Values(r.took)) {
 			s.X, s.Y = append(s.X, d.Seconds()), append(s.Y, float64(i+1))
 		}
 		series = append(series, s)
@@ -69,10 +68,4 @@ func burstCalls(calls map[bcesim.Op]int64) string {
 		parts = append(parts, fmt.Sprintf("%s %d", op, calls[op]))
 	}
 	return strings.Join(parts, ", ")
-}
-
-func sortedDurations(ds []time.Duration) []time.Duration {
-	out := slices.Clone(ds)
-	slices.Sort(out)
-	return out
 }

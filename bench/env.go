@@ -59,12 +59,17 @@ type env struct {
 	replicaBin string
 }
 
+// benchBatchAddIPNum is the replicas' --batch-add-ip-num (item 10's floor
+// counts its batches).
+const benchBatchAddIPNum = 10
+
 // replicaArgs are the flags every replica gets on top of the fleet's; the
 // phase's flags come last and win.
 func (e *env) replicaArgs(int) []string {
 	e.argsMu.Lock()
 	defer e.argsMu.Unlock()
-	a := []string{"--kube-api-qps", "500", "--kube-api-burst", "1000", "--batch-add-ip-num", "10", "--enable-profiling"}
+	a := []string{"--kube-api-qps", "500", "--kube-api-burst", "1000", "--batch-add-ip-num", fmt.Sprint(benchBatchAddIPNum),
+		"--enable-profiling"}
 	if e.chartArgs {
 		a = nil
 	}

@@ -67,8 +67,15 @@ var writeVerbs = []string{"POST", "PUT", "PATCH", "DELETE"}
 // summed over replicas.
 func (e *env) apiWrites(ctx context.Context) map[string]float64 {
 	out := map[string]float64{}
-	for _, v := range writeVerbs {
-		out[v] = e.sumMetric(ctx, "cce_ipam_kube_api_requests_total", map[string]string{"verb": v})
+	for _, r := range e.running() {
+		ss, err := r.Metrics(ctx) // one scrape for every verb
+		if err != nil {
+			continue
+		}
+		for _, v := range writeVerbs {
+			n, _ := ss.Sum("cce_ipam_kube_api_requests_total", map[string]string{"verb": v})
+			out[v] += n
+		}
 	}
 	return out
 }

@@ -62,8 +62,9 @@ cleanup() {
 	done
 	if [[ $code -ne 0 && $CREATED -eq 1 && -s "$KUBECONFIG" ]]; then
 		log "failed ($code); cluster state:"
-		kubectl get pods -A -o wide || true
-		kubectl -n "$NS" logs -l app.kubernetes.io/name=cce-ipam --tail=50 --prefix || true
+		kubectl get pods -A -o wide --request-timeout=20s || true
+		# A killed node's kubelet never answers: bounded, or the cleanup hangs.
+		kubectl -n "$NS" logs -l app.kubernetes.io/name=cce-ipam --tail=50 --prefix --request-timeout=20s || true
 	fi
 	if [[ $CREATED -eq 1 && "${KEEP:-0}" != 1 ]]; then
 		log "deleting kind cluster $NAME"

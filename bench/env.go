@@ -73,7 +73,8 @@ func (e *env) replicaArgs(int) []string {
 	if e.chartArgs {
 		a = nil
 	}
-	return append(a, e.phaseArgs...)
+	a = append(a, e.phaseArgs...)
+	return append(a, e.cfg.ReplicaArgs...)
 }
 
 // setChartArgs switches the bench's own replica flags off (on) for

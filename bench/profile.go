@@ -71,6 +71,18 @@ type Profile struct {
 // Scale is a cluster size for the memory, takeover and cold-start items.
 type Scale struct {
 	Nodes, PodsPerNode int
+	// Replicas is the sharded configuration cold-started on the cluster
+	// beside one replica alone (0: 3).
+	Replicas int
+}
+
+// sharded is the replica count the cluster is cold-started with beside one
+// replica.
+func (s Scale) sharded() int {
+	if s.Replicas > 0 {
+		return s.Replicas
+	}
+	return 3
 }
 
 func (s Scale) String() string {
@@ -176,6 +188,11 @@ var Profiles = map[string]Profile{
 		}, {
 			Nodes:       3000,
 			PodsPerNode: 30,
+		}, {
+			// Issue #25 item 6: a cluster of 5,000 nodes with 5 replicas.
+			Nodes:       5000,
+			PodsPerNode: 30,
+			Replicas:    5,
 		}},
 		ColdRepeats: 2,
 		MemWindow:   20 * time.Second,
@@ -224,7 +241,11 @@ type Config struct {
 	// APIServerSeats sizes kube-apiserver's --max-requests-inflight and
 	// --max-mutating-requests-inflight; zero leaves its defaults.
 	APIServerSeats APIServerSeats
-	Logger         *slog.Logger
+	// ReplicaArgs are flags appended to every replica's command line, after
+	// the bench's own (a later flag wins): for runs that try other values,
+	// named in the report.
+	ReplicaArgs []string
+	Logger      *slog.Logger
 }
 
 // APIServerSeats are the API server's concurrency limits, the seats that API

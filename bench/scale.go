@@ -31,6 +31,9 @@ type coldStart struct {
 	// client-side count, cce_ipam_kube_api_requests_total) over the memory
 	// window, when nothing in the cluster changes (issue #25 item 5).
 	settledWrites map[string]float64
+	// settledCPU is each replica's CPU (cores: CPU-seconds per second, from
+	// process_cpu_seconds_total) over the same window.
+	settledCPU []float64
 }
 
 // idleReplica is the memory of a replica that serves no node (the cluster
@@ -80,6 +83,18 @@ func (e *env) apiWrites(ctx context.Context) map[string]float64 {
 	return out
 }
 
+// replicaCPU reads each running replica's process_cpu_seconds_total, by
+// replica index (a replica whose scrape fails is left out).
+func (e *env) replicaCPU(ctx context.Context) map[int]float64 {
+	out := map[int]float64{}
+	for _, r := range e.running() {
+		if v, err := r.Metric(ctx, "process_cpu_seconds_total", nil); err == nil {
+			out[r.Index()] = v
+		}
+	}
+	return out
+}
+
 // settledWritesPerSec is the total of c.settledWrites.
 func (c coldStart) settledWritesPerSec() float64 {
 	sum := 0.0
@@ -96,7 +111,7 @@ type scaleResult struct {
 	enis        int
 	fillTook    time.Duration
 	fillLost    int64
-	cold        []coldStart // alternating 3, 1, 3, 1, ...
+	cold        []coldStart // alternating scale.sharded(), 1, scale.sharded(), 1, ...
 }
 
 func (s *scaleResult) of(replicas int) []coldStart {
@@ -119,7 +134,8 @@ const fillOpLimits = "BatchAddPrivateIP=100:100,BatchDeletePrivateIP=100:100,Cre
 var steadyArgs = []string{"--eni-sync-period", "20s", "--subnet-sync-period", "15s", "--gc-period", "2m"}
 
 // runScale grows the cluster to s (nodes, then pods, through the IPAM),
-// then cold-starts 3 replicas and 1 replica on it, ColdRepeats times each.
+// then cold-starts s.sharded() replicas and 1 replica on it, ColdRepeats
+// times each.
 func (e *env) runScale(ctx context.Context, s Scale, filled map[string]bool) (*scaleResult, error) {
 	p := e.cfg.Profile
 	res := &scaleResult{scale: s}
@@ -134,7 +150,7 @@ func (e *env) runScale(ctx context.Context, s Scale, filled map[string]bool) (*s
 	// BatchAddPrivateIP/s, which alone would make the fill take minutes per
 	// thousand nodes); ListENIs keeps its 1/s.
 	e.setPhaseArgs("--bce-rate", "400", "--bce-burst", "200", "--bce-op-limits", fillOpLimits)
-	if err := e.restartAll(ctx, 3); err != nil {
+	if err := e.restartAll(ctx, s.sharded()); err != nil {
 		return nil, err
 	}
 	if err := e.simLimits(ctx, false); err != nil {
@@ -170,7 +186,7 @@ func (e *env) runScale(ctx context.Context, s Scale, filled map[string]bool) (*s
 	sleep(ctx, 10*time.Second) // pools settle after the fill
 
 	for rep := range p.ColdRepeats {
-		for _, n := range []int{3, 1} {
+		for _, n := range []int{s.sharded(), 1} {
 			c, err := e.coldStart(ctx, n)
 			if err != nil {
 				return nil, err
@@ -264,9 +280,14 @@ func (e *env) coldStart(ctx context.Context, n int) (coldStart, error) {
 		}
 	}
 	from := time.Now()
-	w0 := e.apiWrites(ctx)
+	w0, cpu0 := e.apiWrites(ctx), e.replicaCPU(ctx)
 	sleep(ctx, e.cfg.Profile.MemWindow)
-	w1, secs := e.apiWrites(ctx), time.Since(from).Seconds()
+	w1, cpu1, secs := e.apiWrites(ctx), e.replicaCPU(ctx), time.Since(from).Seconds()
+	for idx, c1 := range cpu1 {
+		if c0, ok := cpu0[idx]; ok {
+			c.settledCPU = append(c.settledCPU, (c1-c0)/secs)
+		}
+	}
 	c.settledWrites = map[string]float64{}
 	for _, v := range writeVerbs {
 		if d := w1[v] - w0[v]; d > 0 {

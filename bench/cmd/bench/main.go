@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -37,6 +38,8 @@ func main() {
 		"git revision whose cce-ipam item 8 (apicost) measures as \"before\" (CPU and allocations per call); built into the work dir")
 	scales := flag.String("scales", "",
 		"comma-separated node counts for items 3, 4 and 6, overriding the profile's (pods per node stay the profile's)")
+	scaleReplicas := flag.Int("scale-replicas", 0,
+		"replicas cold-started beside one replica in items 4 and 6, for every scale (0: the profile's, 3 unless it says)")
 	coldRepeats := flag.Int("cold-repeats", 0, "cold starts per size and replica count, overriding the profile's (0: the profile's)")
 	noPolicy := flag.Bool("no-fencing-policy", false,
 		"run without the chart's wep fencing policy (replicas as the admin), to measure what the policy costs")
@@ -44,6 +47,9 @@ func main() {
 		"kube-apiserver's --max-requests-inflight (0: its default, 400); with the next flag, the seats API Priority and Fairness divides")
 	seatsMut := flag.Int("apiserver-max-mutating-requests-inflight", bench.DefaultAPIServerSeats.Mutating,
 		"kube-apiserver's --max-mutating-requests-inflight (0: its default, 200)")
+	replicaArgs := flag.String("replica-args", "",
+		"extra flags for every replica, space-separated, appended after the bench's own (a later flag wins), "+
+			"e.g. \"--shard-lease-duration=3s --shard-renew-deadline=2s\"; the report names them")
 	flag.Parse()
 	if *seatsRO < 0 || *seatsMut < 0 {
 		fmt.Fprintln(os.Stderr, "bench: --apiserver-max-requests-inflight and --apiserver-max-mutating-requests-inflight must be >= 0")
@@ -79,11 +85,21 @@ func main() {
 			})
 		}
 	}
+	if *scaleReplicas < 0 {
+		fmt.Fprintln(os.Stderr, "bench: --scale-replicas must be >= 0")
+		os.Exit(2)
+	}
+	if *scaleReplicas > 0 {
+		p.Scales = slices.Clone(p.Scales)
+		for i := range p.Scales {
+			p.Scales[i].Replicas = *scaleReplicas
+		}
+	}
 	if *coldRepeats > 0 {
 		p.ColdRepeats = *coldRepeats
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	if err := run(p, only, *binDir, *out, *workDir, *noPolicy, *baselineRev, seats, log); err != nil {
+	if err := run(p, only, *binDir, *out, *workDir, *noPolicy, *baselineRev, seats, strings.Fields(*replicaArgs), log); err != nil {
 		log.Error("bench failed", "err", err)
 		if errors.Is(err, bench.ErrInvariant) {
 			os.Exit(3)
@@ -93,7 +109,7 @@ func main() {
 }
 
 func run(p bench.Profile, only []string, binDir, out, workDir string, noPolicy bool, baselineRev string,
-	seats bench.APIServerSeats, log *slog.Logger) error {
+	seats bench.APIServerSeats, replicaArgs []string, log *slog.Logger) error {
 	root, err := os.Getwd()
 	if err != nil {
 		return err
@@ -137,6 +153,7 @@ func run(p bench.Profile, only []string, binDir, out, workDir string, noPolicy b
 		NoFencingPolicy: noPolicy,
 		BaselineRev:     baselineRev,
 		APIServerSeats:  seats,
+		ReplicaArgs:     replicaArgs,
 		Logger:          log,
 	})
 	log.Info("report written", "file", filepath.Join(out, name), "logs", workDir)

@@ -5,7 +5,8 @@
 //
 //  1. warm AllocateIP latency and throughput, 1 and 3 replicas, against a
 //     bare WorkloadEndpoint Create at the same concurrency;
-//  2. failover after SIGKILL against memberlist's failure detection;
+//  2. failover after SIGKILL against memberlist's failure detection, with the default shard lease and a
+//     3 s one, and the renewals' round trips (the margin before a lapse);
 //  3. BCE calls to take nodes over against one paginated VPC-wide list;
 //  4. memory per replica with 1 and with 3 replicas, and an idle replica's
 //     (no node yet): the fixed cost;

@@ -265,7 +265,7 @@ func (b *docBuilder) pstsSection(ps *pstsResult) report.Section {
 	return s
 }
 
-// failoverSection is item 2.
+// failoverSection is item 2, one block of repeats per lease configuration.
 func (b *docBuilder) failoverSection(f *failoverResult) report.Section {
 	s := report.Section{Heading: "2. Failover after SIGKILL"}
 	s.Paragraphs = append(s.Paragraphs, fmt.Sprintf(
@@ -273,36 +273,78 @@ func (b *docBuilder) failoverSection(f *failoverResult) report.Section {
 			"SIGKILLs the replica owning the most nodes; at the kill one probe pod per victim node starts its ADD (retried every "+
 			"200 ms). Ours: until the last victim node completed an ADD. Baseline: until the first survivor counts a memberlist "+
 			"`fail` event (`cce_ipam_membership_events_total{type=\"fail\"}`, polled every 100 ms). The killed replica is "+
-			"started again between repeats.", b.p.LatNodes, b.p.ChurnWorkers))
-	t := report.Table{Header: []string{"repeat", "victim nodes", "memberlist declares dead (s)", "all victim nodes allocate again (s)",
-		"ratio", "first node (s)", "unrecovered"}}
-	var worst, detect []float64
-	for i, r := range f.repeats {
-		w := r.worst().Seconds()
-		first := math.NaN()
-		for _, d := range r.recovered {
-			if math.IsNaN(first) || d.Seconds() < first {
-				first = d.Seconds()
+			"started again between repeats. The replicas' background loops run at the product's default periods (ENI sync 20 s, "+
+			"GC 2 min): the fleet's test-speed syncs would spend most of the cluster's 1 ListENIs/s that a takeover's list "+
+			"needs. The repeats run first with the default shard lease, then with every replica "+
+			"restarted with a 3 s lease (the shortest whose renew deadline leaves two renewals and the fence's quarter "+
+			"margin: `--shard-lease-duration=3s --shard-renew-deadline=2s --shard-renew-period=500ms`); a survivor may "+
+			"take over once the victim's Lease has not changed for a lease duration.", b.p.LatNodes, b.p.ChurnWorkers))
+	t := report.Table{Header: []string{"lease", "repeat", "victim nodes", "memberlist declares dead (s)",
+		"all victim nodes allocate again (s)", "ratio", "first node (s)", "unrecovered"}}
+	var allWorst []float64
+	for _, lc := range leaseConfigs() {
+		var worst, detect []float64
+		n := 0
+		for _, r := range f.repeats {
+			if r.config != lc.name {
+				continue
 			}
+			n++
+			w := r.worst().Seconds()
+			first := math.NaN()
+			for _, d := range r.recovered {
+				if math.IsNaN(first) || d.Seconds() < first {
+					first = d.Seconds()
+				}
+			}
+			det := math.NaN()
+			if r.detectFirst > 0 {
+				det = r.detectFirst.Seconds()
+			}
+			worst, detect = append(worst, w), append(detect, det)
+			t.Rows = append(t.Rows, []string{lc.name, fmt.Sprint(n), fmt.Sprint(r.victimNodes), report.Num(det, 1),
+				report.Num(w, 1), report.Ratio(w, det), report.Num(first, 1), fmt.Sprint(r.unrecovered)})
 		}
-		det := math.NaN()
-		if r.detectFirst > 0 {
-			det = r.detectFirst.Seconds()
+		if n == 0 {
+			continue
 		}
-		worst, detect = append(worst, w), append(detect, det)
-		t.Rows = append(t.Rows, []string{fmt.Sprint(i + 1), fmt.Sprint(r.victimNodes), report.Num(det, 1), report.Num(w, 1),
-			report.Ratio(w, det), report.Num(first, 1), fmt.Sprint(r.unrecovered)})
+		t.Rows = append(t.Rows, []string{lc.name, "**p50**", "", report.Num(report.Median(detect), 1),
+			report.Num(report.Median(worst), 1), report.Ratio(report.Median(worst), report.Median(detect)), "", ""})
+		t.Rows = append(t.Rows, []string{lc.name, "**max**", "", report.Num(report.Max(detect), 1),
+			report.Num(report.Max(worst), 1), report.Ratio(report.Max(worst), report.Max(detect)), "", ""})
+		if lc.args == nil {
+			allWorst = worst
+		}
+		b.addSummary("2. failover within 5 s of the kill (#25), max over repeats, "+lc.name, "≤ 5 s",
+			report.Num(report.Max(worst), 1)+" s (p50 "+report.Num(report.Median(worst), 1)+" s)",
+			targetLine(report.Max(worst), 5, " s"))
+		ratios := make([]float64, len(worst))
+		for i := range worst {
+			ratios[i] = worst[i] / detect[i]
+		}
+		b.addSummary("2. failover / memberlist's detection (#25), max over repeats, "+lc.name, "≤ 1.5×",
+			report.Num(report.Max(ratios), 2)+"×", targetLine(report.Max(ratios), 1.5, "×"))
 	}
-	t.Rows = append(t.Rows, []string{"**p50**", "", report.Num(report.Median(detect), 1), report.Num(report.Median(worst), 1),
-		report.Ratio(report.Median(worst), report.Median(detect)), "", ""})
-	t.Rows = append(t.Rows, []string{"**max**", "", report.Num(report.Max(detect), 1), report.Num(report.Max(worst), 1),
-		report.Ratio(report.Max(worst), report.Max(detect)), "", ""})
 	s.Tables = append(s.Tables, t)
+	rt := report.Table{Header: []string{"lease", "renewals (running replicas, since each started)",
+		"longer than the lapse margin", "margin (deadline − period)", "longest (bucket bound)"}}
+	for _, rn := range f.renewals {
+		longest := "≤ " + report.Num(rn.max, 3) + " s"
+		if math.IsInf(rn.max, 1) {
+			longest = "> " + report.Num(renewBuckets[len(renewBuckets)-1], 0) + " s"
+		}
+		rt.Rows = append(rt.Rows, []string{rn.config, report.Num(rn.total, 0), report.Num(rn.slow, 0), rn.margin.String(), longest})
+	}
+	if len(rt.Rows) > 0 {
+		rt.Caption = "2. Lease renewals during the repeats (`cce_ipam_shard_lease_renew_duration_seconds`): a replica lapses " +
+			"(stops serving all its nodes until it claims them again) when two renewals in a row take longer than the margin"
+		s.Tables = append(s.Tables, rt)
+	}
 	s.Notes = append(s.Notes, fmt.Sprintf("Churn during the phase: %d ADDs, %d pods that never got an IP within 90 s, %d DELs given up.",
 		f.churnAllocs, f.churnLost, f.churnRelFails))
-	b.addSummary("2. failover (max over repeats)", "≤ 10 s",
-		report.Num(report.Max(worst), 1)+" s (p50 "+report.Num(report.Median(worst), 1)+" s)",
-		targetLine(report.Max(worst), 10, " s"))
+	b.addSummary("2. failover (max over repeats), defaults", "≤ 10 s",
+		report.Num(report.Max(allWorst), 1)+" s (p50 "+report.Num(report.Median(allWorst), 1)+" s)",
+		targetLine(report.Max(allWorst), 10, " s"))
 	b.check(e2eOwnedPlot(b.path(b.plot("failover-owned-nodes")), b.res))
 	s.Images = append(s.Images, report.Image{
 		Alt:  "owned nodes per replica during failover",

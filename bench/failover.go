@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -11,6 +13,8 @@ import (
 
 // failoverRepeat is one SIGKILL.
 type failoverRepeat struct {
+	// config names the lease the replicas ran with (leaseConfigs).
+	config      string
 	victim      int
 	victimNodes int
 	killedAt    time.Time
@@ -32,8 +36,40 @@ func (r failoverRepeat) worst() time.Duration {
 	return w
 }
 
+// leaseConfig is one set of shard lease flags item 2 measures.
+type leaseConfig struct {
+	name string
+	args []string // nil: the defaults
+	// margin is the renew deadline less the renew period: a replica lapses
+	// when two renewals in a row take longer than this together.
+	margin time.Duration
+}
+
+// leaseConfigs are the lease settings item 2 kills replicas under: the
+// defaults, and the shortest the fence allows with two renewals within the
+// deadline (issue #25 item 3: failover within 5 s of the kill).
+func leaseConfigs() []leaseConfig {
+	d := shardDefaults
+	return []leaseConfig{
+		{name: fmt.Sprintf("defaults: lease %v, deadline %v, renew %v", d.LeaseDuration, d.RenewDeadline, d.RenewPeriod),
+			margin: d.RenewDeadline - d.RenewPeriod},
+		{name: "lease 3s, deadline 2s, renew 500ms",
+			args:   []string{"--shard-lease-duration=3s", "--shard-renew-deadline=2s", "--shard-renew-period=500ms"},
+			margin: 1500 * time.Millisecond},
+	}
+}
+
+// renewals is what the running replicas' renewal histograms showed at the
+// end of one configuration's repeats (counts since each process started).
+type renewals struct {
+	config           string
+	total, slow, max float64 // slow: longer than the config's margin; max: the largest bucket bound reached
+	margin           time.Duration
+}
+
 // failoverResult is item 2.
 type failoverResult struct {
+	renewals      []renewals
 	repeats       []failoverRepeat
 	start, end    time.Time
 	churnAllocs   int64
@@ -60,25 +96,71 @@ func (e *env) runFailover(ctx context.Context, nodes []string) (*failoverResult,
 		res.lastErr = ch.lastErr
 		res.end = time.Now()
 	}()
-	for rep := range p.FailRepeats {
-		if _, err := e.settle(ctx, len(e.f.Nodes()), 3*time.Minute); err != nil {
+	for _, lc := range leaseConfigs() {
+		// The background loops at the product's periods (steadyArgs): the
+		// fleet's test-speed ENI syncs would spend most of the cluster's
+		// 1 ListENIs/s that a takeover's list needs.
+		e.setPhaseArgs(append(slices.Clone(steadyArgs), lc.args...)...)
+		if err := e.restartAll(ctx, 3); err != nil {
 			return res, err
 		}
-		fr, err := e.killOnce(ctx, nodes)
-		if err != nil {
-			return res, err
+		for rep := range p.FailRepeats {
+			if _, err := e.settle(ctx, len(e.f.Nodes()), 3*time.Minute); err != nil {
+				return res, err
+			}
+			fr, err := e.killOnce(ctx, nodes)
+			if err != nil {
+				return res, err
+			}
+			fr.config = lc.name
+			res.repeats = append(res.repeats, fr)
+			e.log.Info("failover", "config", lc.name, "repeat", rep+1, "victim", fr.victim, "victim_nodes", fr.victimNodes,
+				"all_recovered_s", fr.worst().Seconds(), "unrecovered", fr.unrecovered,
+				"memberlist_first_s", fr.detectFirst.Seconds(), "memberlist_last_s", fr.detectLast.Seconds())
+			victim := e.f.Replica(fr.victim)
+			if err := victim.Start(ctx); err != nil {
+				return res, fmt.Errorf("restart replica %d: %w", fr.victim, err)
+			}
 		}
-		res.repeats = append(res.repeats, fr)
-		e.log.Info("failover", "repeat", rep+1, "victim", fr.victim, "victim_nodes", fr.victimNodes,
-			"all_recovered_s", fr.worst().Seconds(), "unrecovered", fr.unrecovered,
-			"memberlist_first_s", fr.detectFirst.Seconds(), "memberlist_last_s", fr.detectLast.Seconds())
-		victim := e.f.Replica(fr.victim)
-		if err := victim.Start(ctx); err != nil {
-			return res, fmt.Errorf("restart replica %d: %w", fr.victim, err)
-		}
+		res.renewals = append(res.renewals, e.readRenewals(ctx, lc))
+	}
+	e.setPhaseArgs()
+	if err := e.restartAll(ctx, 3); err != nil { // the defaults again for what follows
+		return res, err
 	}
 	_, err := e.settle(ctx, len(e.f.Nodes()), 3*time.Minute)
 	return res, err
+}
+
+// renewBuckets are cce_ipam_shard_lease_renew_duration_seconds' bounds.
+var renewBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 4}
+
+// readRenewals sums the running replicas' renewal histograms.
+func (e *env) readRenewals(ctx context.Context, lc leaseConfig) renewals {
+	const name = "cce_ipam_shard_lease_renew_duration_seconds"
+	rn := renewals{config: lc.name, margin: lc.margin}
+	for _, r := range e.running() {
+		ss, err := r.Metrics(ctx)
+		if err != nil {
+			continue
+		}
+		count, _ := ss.Sum(name+"_count", nil)
+		rn.total += count
+		within, _ := ss.Sum(name+"_bucket", map[string]string{"le": fmt.Sprint(lc.margin.Seconds())})
+		rn.slow += count - within
+		prev := 0.0
+		for _, b := range renewBuckets {
+			n, _ := ss.Sum(name+"_bucket", map[string]string{"le": fmt.Sprint(b)})
+			if n > prev {
+				rn.max = max(rn.max, b) // some renewal took at most b and more than the bound before
+			}
+			prev = n
+		}
+		if count > prev {
+			rn.max = math.Inf(1) // beyond the last bucket
+		}
+	}
+	return rn
 }
 
 // killOnce SIGKILLs the replica owning the most nodes and measures, per

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -127,5 +128,76 @@ func TestReport_PSTSRowsAreRatiosToWarm(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("report lacks %q:\n%s", want, got)
 		}
+	}
+}
+
+// Item 2: a block of repeats per lease configuration, the #25 verdicts of
+// each (within 5 s of the kill, within 1.5× memberlist's detection), and
+// the renewals' table.
+func TestReport_FailoverPerLeaseConfig(t *testing.T) {
+	lcs := leaseConfigs()
+	rep := func(lc leaseConfig, detect time.Duration, recovered ...time.Duration) failoverRepeat {
+		return failoverRepeat{config: lc.name, victimNodes: 11, detectFirst: detect, recovered: recovered}
+	}
+	res := &results{failover: &failoverResult{
+		repeats: []failoverRepeat{
+			rep(lcs[0], 5500*time.Millisecond, 7*time.Second, 9*time.Second),
+			rep(lcs[0], 5600*time.Millisecond, 8*time.Second),
+			rep(lcs[1], 5500*time.Millisecond, 3*time.Second, 4500*time.Millisecond),
+			rep(lcs[1], 5*time.Second, 4*time.Second),
+		},
+		renewals: []renewals{
+			{config: lcs[0].name, total: 300, slow: 0, max: 0.25, margin: lcs[0].margin},
+			{config: lcs[1].name, total: 600, slow: 2, max: math.Inf(1), margin: lcs[1].margin},
+		},
+	}}
+	got := tableRows(t, res)
+	for _, want := range []string{
+		lcs[0].name + "|1|11|5.5|9|1.64×|7|0",
+		lcs[0].name + "|**max**||5.6|9|1.61×||",
+		lcs[1].name + "|**max**||5.5|4.5|0.82×||",
+		"2. failover within 5 s of the kill (#25), max over repeats, " + lcs[0].name + "|≤ 5 s|9 s (p50 8 s)|missed by 4 s",
+		"2. failover within 5 s of the kill (#25), max over repeats, " + lcs[1].name + "|≤ 5 s|4.5 s (p50 4 s)|met",
+		"2. failover / memberlist's detection (#25), max over repeats, " + lcs[1].name + "|≤ 1.5×|0.82×|met",
+		"2. failover (max over repeats), defaults|≤ 10 s|9 s (p50 8 s)|met",
+		"2. failover / memberlist's detection (#25), max over repeats, " + lcs[0].name + "|≤ 1.5×|1.64×|missed by 0.14×",
+		lcs[0].name + "|300|0|3s|≤ 0.25 s",
+		lcs[1].name + "|600|2|1.5s|> 4 s",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// Items 4 to 6 with another replica count than 3 (issue #25 item 6: 5
+// replicas): the rows name N, the memory ratio is reported without the
+// 3-replica target, the settled writes' floor counts N Leases, and each
+// replica's settled CPU is listed.
+func TestReport_ScaleWithFiveReplicas(t *testing.T) {
+	start := func(replicas int, cpu ...float64) coldStart {
+		c := coldStart{replicas: replicas, took: 30 * time.Second, total: 10, calls: map[bcesim.Op]int64{bcesim.OpListENIs: 10},
+			peakRSS: []float64{100 << 20}, heapInuse: []float64{50 << 20}, anonRSS: []float64{80 << 20}, owned: []float64{10},
+			settledWrites: map[string]float64{"PUT": float64(replicas) + 0.5}, settledCPU: cpu}
+		if replicas == 5 {
+			c.peakRSS, c.heapInuse = []float64{40 << 20, 30 << 20}, []float64{10 << 20, 5 << 20}
+		}
+		return c
+	}
+	res := &results{scales: []*scaleResult{{scale: Scale{Nodes: 5000, PodsPerNode: 30, Replicas: 5}, nodes: 5000, pods: 150000,
+		enis: 5000, cold: []coldStart{start(5, 0.01, 0.03, 0.02), start(1, 0.05)}}}}
+	got := tableRows(t, res)
+	for _, want := range []string{
+		"4. memory per replica at 5 (peak RSS; heap in use), 5000 nodes / 150000 pods, N = 5|(reported)|40 %; 20 % of 1 replica (40 MiB; 10 MiB)|—",
+		"5. API writes/s of a settled cluster, 5 replicas, 5000 nodes / 150000 pods, N = 5|≤ 5.5 (the Leases' renewals)|5.5 (put 5.5)|met",
+		"6. cold start of 5 replicas, 5000 nodes / 150000 pods, N = 5|(reported)|",
+		"|0.03 / 0.02 / 0.01|0.05",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "memory per replica at 3") {
+		t.Errorf("a 5-replica scale is judged against the 3-replica target:\n%s", got)
 	}
 }

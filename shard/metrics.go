@@ -14,6 +14,7 @@ type metrics struct {
 	handovers         *prometheus.CounterVec
 	handoverDuration  prometheus.Histogram
 	renewFailures     prometheus.Counter
+	renewDuration     prometheus.Histogram
 	leaseValid        prometheus.Gauge
 	balancePublished  prometheus.Counter
 	policyPresent     prometheus.Gauge
@@ -64,6 +65,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		renewFailures: f.NewCounter(prometheus.CounterOpts{
 			Name: "cce_ipam_shard_lease_renew_failures_total", Help: "Failed renewals of this replica's Lease.",
+		}),
+		renewDuration: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "cce_ipam_shard_lease_renew_duration_seconds",
+			Help: "Round trip of each renewal of this replica's Lease, failed ones included. A replica lapses when " +
+				"two renewals in a row (plus --shard-renew-period) take longer than --shard-renew-deadline: " +
+				"the margin to size the lease by.",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 4},
 		}),
 		leaseValid: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_shard_lease_valid", Help: "1 while this replica's Lease is valid (it may serve), else 0.",

@@ -63,6 +63,7 @@ func (c *Coordinator) writeLease(ctx context.Context) func() {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RenewDeadline)
 	defer cancel()
 	out, err := c.putLease(ctx, c.wantLease(sent))
+	c.metrics.renewDuration.Observe(c.clock.Since(sent).Seconds())
 	if err != nil {
 		c.metrics.renewFailures.Inc()
 		c.log.Warn("renewing the replica lease failed", "err", err)

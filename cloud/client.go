@@ -178,7 +178,7 @@ type urgentKey struct{}
 // when there is one (so housekeeping then yields) and otherwise goes
 // without. The shared budget still applies, and should BCE's own limit for
 // the operation turn it away, the RateLimit retry spaces it by the
-// operation's cluster-wide interval, and retries four times as often as an
+// operation's cluster-wide interval, and retries twenty times as often as an
 // ordinary call (see urgentThrottleRetries).
 func Urgent(ctx context.Context) context.Context { return context.WithValue(ctx, urgentKey{}, true) }
 
@@ -471,7 +471,13 @@ func (c *Client) skipped(op, resource, why string) error {
 // already read and put the whole takeover behind the coordinator's retry
 // (a 3,000-node cold start: one replica failed its list after 6 s and
 // started over). The retries stay spaced by the operation's interval.
-const urgentThrottleRetries = 4
+// Four times as many were too few for 5 replicas starting on 5,000 nodes
+// (5 pages each at 1 ListENIs/s): lists failed after ~15 s of a page's
+// retries, batches of 1,000 nodes backed off and started over, and
+// serving every node took minutes. A page of a list already begun is
+// worth waiting for: with the default ThrottleRetries (3), an urgent call
+// now bears 60 refusals (about a minute at ListENIs' interval).
+const urgentThrottleRetries = 20
 
 func (c *Client) throttleRetries(ctx context.Context) int {
 	if ctx.Value(urgentKey{}) != nil && c.cfg.ThrottleRetries > 0 {

@@ -58,7 +58,7 @@ type Config struct {
 	// ThrottleRetries is how often a call answered RateLimit is retried by
 	// this client (the SDK never retries 429). The flag defaults to 3; zero
 	// or negative: none.
-	// An Urgent call retries four times as often.
+	// An Urgent call retries twenty times as often.
 	ThrottleRetries int
 	// ThrottleBackoff is the base of the jittered wait after RateLimit: the
 	// wait is base × [1,6), as upstream. The flag defaults to 200ms.
@@ -174,7 +174,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&c.Rate, "bce-rate", 10, "client-side BCE API calls per second")
 	fs.Int64Var(&c.Burst, "bce-burst", 5, "client-side BCE API burst")
 	fs.IntVar(&c.ThrottleRetries, "bce-throttle-retries", 3,
-		"retries of a call BCE answered with RateLimit, four times as many for a takeover's ENI list (negative disables)")
+		"retries of a call BCE answered with RateLimit, twenty times as many for a takeover's ENI list (negative disables)")
 	fs.DurationVar(&c.ThrottleBackoff, "bce-throttle-backoff", 200*time.Millisecond,
 		"base of the jittered backoff after RateLimit (never shorter than the operation's interval under --bce-op-limits, e.g. 1 s for "+
 			"ListENIs)")

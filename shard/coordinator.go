@@ -87,6 +87,7 @@ type Coordinator struct {
 	written     map[int]writtenClaim
 	serving     nodeServing
 	inFlight    inFlight
+	prefetch    prefetchState
 	stepped     bool
 	readyReason string
 	loggedHold  string // the Ownership's hold as last logged
@@ -192,6 +193,7 @@ func New(cfg Config, self string, addrs Addresses, deps Deps, log *slog.Logger, 
 			Interval:   balanceInterval,
 		}),
 		seen:        map[string]observed{},
+		prefetch:    prefetchState{done: map[string]string{}},
 		written:     map[int]writtenClaim{},
 		serving:     newNodeServing(),
 		readyReason: "not started",

@@ -28,6 +28,7 @@ func (c *Coordinator) step(ctx context.Context) error {
 	served := c.servedNodes()
 	c.applyWritten(claims)
 	c.observe(present, now)
+	c.prefetchForStale(ctx, now, c.claims, served)
 	live := c.liveMembers(now, gossip)
 	if err := c.updateRing(live); err != nil {
 		return err

@@ -251,7 +251,11 @@ func newEnvIn(t testing.TB, prefix string, nodes int, cfg ipam.Config, w world) 
 
 // start runs a fresh IPAM (a new process, as far as state goes) serving every
 // node, behind a gRPC server on 127.0.0.1.
-func (e *env) start() {
+func (e *env) start() { e.startWith(nil) }
+
+// startWith is start with beforeServe run on the new IPAM, running, before
+// it serves the nodes.
+func (e *env) startWith(beforeServe func(ctx context.Context, ip *ipam.IPAM)) {
 	t := e.t
 	t.Helper()
 	e.reg = prometheus.NewRegistry()
@@ -262,6 +266,9 @@ func (e *env) start() {
 	ctx, cancel := context.WithCancel(e.ctx)
 	runErr := make(chan error, 1)
 	go func() { runErr <- ip.Run(ctx) }()
+	if beforeServe != nil {
+		beforeServe(ctx, ip)
+	}
 	// All at once, as a takeover does (from bulkRebuildNodes nodes on, the
 	// weps are read in one bulk read).
 	for n, err := range ip.ServeNodes(ctx, e.nodes) {

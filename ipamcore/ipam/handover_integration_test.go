@@ -102,6 +102,10 @@ func TestIPAM_TakeoverDoesNotTrustALaggedList(t *testing.T) {
 		c.IdleMin = 4
 		c.IdleMax = 8
 		c.PoolCheckPeriod = 200 * time.Millisecond
+		// Short: with the default 5 s, cooling from the takeover kept the
+		// lagged address out by itself and the test passed with the
+		// unsettled hold removed.
+		c.Cooldown = 100 * time.Millisecond
 	}))
 	node := e.nodes[0]
 	eventually(t, 10*time.Second, "the pool filled", func() bool { return e.stats(node).Idle >= 4 })
@@ -129,7 +133,8 @@ func TestIPAM_TakeoverDoesNotTrustALaggedList(t *testing.T) {
 	if err := e.cloud.BatchDeletePrivateIPs(e.ctx, eniID, []string{gone}); err != nil {
 		t.Fatalf("delete %s: %v", gone, err)
 	}
-	e.start() // the new owner reads the lagging list
+	e.start()                          // the new owner reads the lagging list
+	time.Sleep(200 * time.Millisecond) // past the cooling, well before the settle list (ReadLag, 5 s)
 	total := e.stats(node).Total
 	grants := e.allocateTimed(e.createPods("b", total))
 	for _, g := range grants {

@@ -110,6 +110,8 @@ type IPAM struct {
 
 	wepSel wepSelector // whether the wep CRD has the spec.node selectable field (wepselect.go)
 
+	prefetched prefetchSlot // a takeover's ENI list read ahead (prefetch.go)
+
 	broadcaster record.EventBroadcaster
 	events      record.EventRecorder
 
@@ -311,24 +313,32 @@ func (i *IPAM) unserved(names []string) (context.Context, []string) {
 // instance, and (for many nodes) their wep claims in one bulk read; nil
 // claims mean each node reads its own.
 func (i *IPAM) takeoverReads(ctx context.Context, todo []string) (map[string][]cloud.ENI, map[string][]datastore.Claim, error) {
-	// Both reads must be taken now, after the caller won the nodes, so that
-	// they hold every ENI, IP and wep the previous owner added; they do not
-	// depend on each other, so they run side by side (at 3,000 nodes each
-	// takes seconds: the ENI list paced at ListENIs' 1/s, the weps 90 pages).
+	// The weps must be read now, after the caller won the nodes, so that
+	// they hold every commit of the previous owner. The ENI list is trusted
+	// for no more than a lagging read (prefetch.go), so one read ahead of
+	// the takeover will do; otherwise both run side by side (at 3,000 nodes
+	// each takes seconds: the ENI list paced at ListENIs' 1/s, the weps 90
+	// pages).
 	var (
-		enis    []cloud.ENI
-		listErr error
-		claims  map[string][]datastore.Claim
-		reads   sync.WaitGroup
+		byInstance map[string][]cloud.ENI
+		listErr    error
+		claims     map[string][]datastore.Claim
+		reads      sync.WaitGroup
 	)
-	reads.Add(1)
-	go func() {
-		defer reads.Done()
-		// One list for all. Pods wait on it: it goes ahead of this
-		// replica's share of the ListENIs limit (see cloud.Urgent).
-		enis, listErr = i.deps.Cloud.ListENIs(cloud.Urgent(ctx), cloud.ListENIsOptions{VPCID: i.cfg.VPCID,
-			NamePrefix: i.cfg.ClusterID + "/", Instances: i.instancesOf(todo)})
-	}()
+	// A list read ahead of this takeover (prefetch.go says why it will do).
+	byInstance, prefetched := i.prefetchedFor(todo)
+	if !prefetched {
+		reads.Add(1)
+		go func() {
+			defer reads.Done()
+			// One list for all. Pods wait on it: it goes ahead of this
+			// replica's share of the ListENIs limit (see cloud.Urgent).
+			var enis []cloud.ENI
+			enis, listErr = i.deps.Cloud.ListENIs(cloud.Urgent(ctx), cloud.ListENIsOptions{VPCID: i.cfg.VPCID,
+				NamePrefix: i.cfg.ClusterID + "/", Instances: i.instancesOf(todo)})
+			byInstance = byInstanceOf(enis)
+		}()
+	}
 	// The weps likewise: for many nodes one read of them all, rather than
 	// a server-side scan per node.
 	// Without the spec.node field selector (a reference CRD) a per-node
@@ -347,12 +357,6 @@ func (i *IPAM) takeoverReads(ctx context.Context, todo []string) (map[string][]c
 	reads.Wait()
 	if listErr != nil {
 		return nil, nil, fmt.Errorf("list ENIs: %w", listErr)
-	}
-	byInstance := map[string][]cloud.ENI{}
-	for _, e := range enis {
-		if e.InstanceID != "" {
-			byInstance[e.InstanceID] = append(byInstance[e.InstanceID], e)
-		}
 	}
 	return byInstance, claims, nil
 }

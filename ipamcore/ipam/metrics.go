@@ -16,6 +16,7 @@ type metrics struct {
 	allocations   *prometheus.CounterVec
 	releases      *prometheus.CounterVec
 	rebuilds      *prometheus.CounterVec
+	prefetches    prometheus.Counter
 	poolErrors    *prometheus.CounterVec
 	poolAdded     prometheus.Counter
 	poolReturned  prometheus.Counter
@@ -56,6 +57,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		releases: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_releases_total", Help: "Pod IP releases by result and path (pool; fixed keeps the IP reserved).",
 		}, []string{"result", "path"}),
+		prefetches: f.NewCounter(prometheus.CounterOpts{
+			Name: "cce_ipam_eni_prefetches_total",
+			Help: "ENI lists read ahead of a takeover, when another replica's Lease went stale (a takeover within a lease duration starts from it).",
+		}),
 		rebuilds: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_node_rebuilds_total", Help: "Node state rebuilds (ServeNode) by result.",
 		}, []string{"result"}),

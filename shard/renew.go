@@ -44,7 +44,8 @@ func (w *leaseWriter) set(l *coordv1.Lease) {
 // renewal does not also delay the next by a whole period. The lease lapses
 // when no renewal is sent successfully within RenewDeadline, so waiting a
 // period after a slow reply made two renewals of 1.5 s lapse a 4 s deadline
-// (under a saturated API server filling 5,000 nodes, about 1 renewal in 200 took 1–4 s).
+// (while the bench filled 5,000 nodes on a saturated 2-core machine, 5 of
+// each replica's first 683 renewals took 1–4 s).
 func (c *Coordinator) renewLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		sent := c.clock.Now()

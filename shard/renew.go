@@ -43,7 +43,7 @@ func (w *leaseWriter) set(l *coordv1.Lease) {
 // RenewPeriod from the previous one's send, not from its reply: a slow
 // renewal does not also delay the next by a whole period. The lease lapses
 // when no renewal is sent successfully within RenewDeadline, so waiting a
-// period after a slow reply made two renewals of 1.5 s lapse a 4 s deadline
+// period after a slow reply made two renewals of 1.6 s lapse a 4 s deadline
 // (while the bench filled 5,000 nodes on a saturated 2-core machine, 5 of
 // each replica's first 683 renewals took 1–4 s).
 func (c *Coordinator) renewLoop(ctx context.Context) {

@@ -337,7 +337,9 @@ func (b *docBuilder) failoverSection(f *failoverResult) report.Section {
 	}
 	if len(rt.Rows) > 0 {
 		rt.Caption = "2. Lease renewals during the repeats (`cce_ipam_shard_lease_renew_duration_seconds`): a replica lapses " +
-			"(stops serving all its nodes until it claims them again) when two renewals in a row take longer than the margin"
+			"(stops serving all its nodes until it claims them again) when a renewal, counted as at least a renew period, " +
+			"and the next one together take longer than the renew deadline; one longer than the margin lapses it unless " +
+			"the next is quicker than a period"
 		s.Tables = append(s.Tables, rt)
 	}
 	s.Notes = append(s.Notes, fmt.Sprintf("Churn during the phase: %d ADDs, %d pods that never got an IP within 90 s, %d DELs given up.",

@@ -40,8 +40,10 @@ func (r failoverRepeat) worst() time.Duration {
 type leaseConfig struct {
 	name string
 	args []string // nil: the defaults
-	// margin is the renew deadline less the renew period: a replica lapses
-	// when two renewals in a row take longer than this together.
+	// margin is the renew deadline less the renew period: a renewal longer
+	// than this lapses the lease unless the next one is quicker than a
+	// period (a renewal, counted as at least a period, and the next must
+	// fit in the deadline together).
 	margin time.Duration
 }
 

@@ -69,8 +69,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		renewDuration: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "cce_ipam_shard_lease_renew_duration_seconds",
 			Help: "Round trip of each renewal of this replica's Lease, failed ones included. A replica lapses when " +
-				"two renewals in a row (plus --shard-renew-period) take longer than --shard-renew-deadline: " +
-				"the margin to size the lease by.",
+				"a renewal (counted as at least --shard-renew-period) and the next one together take longer than " +
+				"--shard-renew-deadline: the margin to size the lease by.",
 			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 4},
 		}),
 		leaseValid: f.NewGauge(prometheus.GaugeOpts{

@@ -237,12 +237,7 @@ func (i *IPAM) SyncENIs(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list ENIs: %w", err)
 	}
-	byInstance := map[string][]cloud.ENI{}
-	for _, e := range enis {
-		if e.InstanceID != "" {
-			byInstance[e.InstanceID] = append(byInstance[e.InstanceID], e)
-		}
-	}
+	byInstance := byInstanceOf(enis)
 	now := i.deps.Clock.Now()
 	for _, name := range servedNodes {
 		i.syncNode(ctx, name, byInstance)

@@ -38,6 +38,8 @@ func main() {
 		"git revision whose cce-ipam item 8 (apicost) measures as \"before\" (CPU and allocations per call); built into the work dir")
 	scales := flag.String("scales", "",
 		"comma-separated node counts for items 3, 4 and 6, overriding the profile's (pods per node stay the profile's)")
+	podsPerNode := flag.Int("pods-per-node", 0,
+		"pods per node for items 3, 4 and 6, for every scale (0: the profile's)")
 	scaleReplicas := flag.Int("scale-replicas", 0,
 		"replicas cold-started beside one replica in items 4 and 6, for every scale (0: the profile's, 3 unless it says)")
 	coldRepeats := flag.Int("cold-repeats", 0, "cold starts per size and replica count, overriding the profile's (0: the profile's)")
@@ -83,6 +85,16 @@ func main() {
 				Nodes:       n,
 				PodsPerNode: per,
 			})
+		}
+	}
+	if *podsPerNode < 0 {
+		fmt.Fprintln(os.Stderr, "bench: --pods-per-node must be >= 0")
+		os.Exit(2)
+	}
+	if *podsPerNode > 0 {
+		p.Scales = slices.Clone(p.Scales)
+		for i := range p.Scales {
+			p.Scales[i].PodsPerNode = *podsPerNode
 		}
 	}
 	if *scaleReplicas < 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"sync"
 	"time"
@@ -267,6 +268,14 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 		return errs
 	}
 	if len(todo) == 0 {
+		return errs
+	}
+	// Nodes a list read ahead covers go first, without waiting for the
+	// list the others need: the dead replica's nodes, whose pods wait,
+	// beside a survivor's node the balance moved here (prefetch.go).
+	if covered, rest := i.splitPrefetched(todo); len(covered) > 0 && len(rest) > 0 {
+		maps.Copy(errs, i.ServeNodes(ctx, covered))
+		maps.Copy(errs, i.ServeNodes(ctx, rest))
 		return errs
 	}
 

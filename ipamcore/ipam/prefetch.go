@@ -73,27 +73,59 @@ func (i *IPAM) PrefetchENIs(ctx context.Context, names []string, validFor time.D
 	i.log.Info("read ENIs ahead of a takeover", "nodes", len(names), "enis", len(enis), "valid_for", validFor)
 }
 
-// prefetchedFor returns the list read ahead if it is still valid and covers
-// every node of todo.
-func (i *IPAM) prefetchedFor(todo []string) (map[string][]cloud.ENI, bool) {
+// validPrefetch returns the list read ahead while it may still be used.
+func (i *IPAM) validPrefetch() *prefetchedENIs {
 	i.prefetched.mu.Lock()
 	p := i.prefetched.got
 	i.prefetched.mu.Unlock()
 	if p == nil || !i.deps.Clock.Now().Before(p.until) {
+		return nil
+	}
+	return p
+}
+
+// covers reports whether p holds node's instance.
+func (i *IPAM) covers(p *prefetchedENIs, node string) bool {
+	if p.instances == nil {
+		return true
+	}
+	ids := i.instancesOf([]string{node})
+	for id := range ids {
+		return p.instances[id]
+	}
+	return false // a node we cannot name an instance for
+}
+
+// prefetchedFor returns the list read ahead if it is still valid and covers
+// every node of todo.
+func (i *IPAM) prefetchedFor(todo []string) (map[string][]cloud.ENI, bool) {
+	p := i.validPrefetch()
+	if p == nil {
 		return nil, false
 	}
-	if p.instances != nil {
-		want := i.instancesOf(todo)
-		if want == nil {
-			return nil, false // a node we cannot name an instance for: list
-		}
-		for id := range want {
-			if !p.instances[id] {
-				return nil, false
-			}
+	for _, n := range todo {
+		if !i.covers(p, n) {
+			return nil, false
 		}
 	}
 	return p.byInstance, true
+}
+
+// splitPrefetched splits todo into the nodes a valid list read ahead covers
+// and the rest (all in rest when there is none).
+func (i *IPAM) splitPrefetched(todo []string) (covered, rest []string) {
+	p := i.validPrefetch()
+	if p == nil {
+		return nil, todo
+	}
+	for _, n := range todo {
+		if i.covers(p, n) {
+			covered = append(covered, n)
+		} else {
+			rest = append(rest, n)
+		}
+	}
+	return covered, rest
 }
 
 // byInstanceOf groups attached ENIs by instance.

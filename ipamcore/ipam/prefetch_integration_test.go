@@ -4,6 +4,7 @@ package ipam_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -124,5 +125,50 @@ func TestIPAM_ListReadAheadExpires(t *testing.T) {
 	}
 	if e.stats(node).Total == 0 {
 		t.Error("the node was served with no address")
+	}
+}
+
+// A takeover batch that the list read ahead covers only in part (the
+// balance moved a live survivor's node along with the dead replica's)
+// serves the covered nodes first, without waiting for the list the other
+// needs.
+func TestIPAM_CoveredNodesDoNotWaitForTheList(t *testing.T) {
+	e := newEnv(t, "hosplit", 2, testConfig(func(c *ipam.Config) {}))
+	covered := e.nodes[0]
+	e.stop()
+	const listLatency = 2 * time.Second
+	var coveredAt time.Time
+	var seen chan struct{}
+	e.startWith(func(ctx context.Context, ip *ipam.IPAM) {
+		ip.PrefetchENIs(ctx, []string{covered}, time.Minute)
+		if err := e.sim.SetFaults(bcesim.Faults{LatencyMs: map[bcesim.Op]int{bcesim.OpListENIs: int(listLatency / time.Millisecond)}}); err != nil {
+			t.Fatal(err)
+		}
+		seen = make(chan struct{})
+		go func() {
+			defer close(seen)
+			for ctx.Err() == nil {
+				if slices.Contains(ip.ServedNodes(), covered) {
+					coveredAt = time.Now()
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	})
+	servedAll := time.Now()
+	<-seen
+	if err := e.sim.SetFaults(bcesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	if coveredAt.IsZero() {
+		t.Fatal("the covered node was never served")
+	}
+	if early := servedAll.Sub(coveredAt); early < listLatency/2 {
+		t.Errorf("the covered node was served %v before the batch's end, want about the other node's list (%v) earlier",
+			early.Round(time.Millisecond), listLatency)
+	}
+	if !slices.Contains(e.ipam.ServedNodes(), e.nodes[1]) {
+		t.Errorf("the node the read ahead did not cover is not served")
 	}
 }

@@ -326,20 +326,7 @@ func (b *docBuilder) failoverSection(f *failoverResult) report.Section {
 			report.Num(report.Max(ratios), 2)+"×", targetLine(report.Max(ratios), 1.5, "×"))
 	}
 	s.Tables = append(s.Tables, t)
-	rt := report.Table{Header: []string{"lease", "renewals (running replicas, since each started)",
-		"longer than the lapse margin", "margin (deadline − period)", "longest (bucket bound)"}}
-	for _, rn := range f.renewals {
-		longest := "≤ " + report.Num(rn.max, 3) + " s"
-		if math.IsInf(rn.max, 1) {
-			longest = "> " + report.Num(renewBuckets[len(renewBuckets)-1], 0) + " s"
-		}
-		rt.Rows = append(rt.Rows, []string{rn.config, report.Num(rn.total, 0), report.Num(rn.slow, 0), rn.margin.String(), longest})
-	}
-	if len(rt.Rows) > 0 {
-		rt.Caption = "2. Lease renewals during the repeats (`cce_ipam_shard_lease_renew_duration_seconds`): a replica lapses " +
-			"(stops serving all its nodes until it claims them again) when a renewal, counted as at least a renew period, " +
-			"and the next one together take longer than the renew deadline; one longer than the margin lapses it unless " +
-			"the next is quicker than a period"
+	if rt := renewalsTable(f.renewals); len(rt.Rows) > 0 {
 		s.Tables = append(s.Tables, rt)
 	}
 	s.Notes = append(s.Notes, fmt.Sprintf("Churn during the phase: %d ADDs, %d pods that never got an IP within 90 s, %d DELs given up.",
@@ -353,6 +340,24 @@ func (b *docBuilder) failoverSection(f *failoverResult) report.Section {
 		File: b.plot("failover-owned-nodes"),
 	})
 	return s
+}
+
+// renewalsTable is item 2's table of the renewals' round trips per lease.
+func renewalsTable(rns []renewals) report.Table {
+	rt := report.Table{Header: []string{"lease", "renewals (running replicas, since each started)",
+		"longer than the lapse margin", "margin (deadline − period)", "longest (bucket bound)"}}
+	for _, rn := range rns {
+		longest := "≤ " + report.Num(rn.max, 3) + " s"
+		if math.IsInf(rn.max, 1) {
+			longest = "> " + report.Num(renewBuckets[len(renewBuckets)-1], 0) + " s"
+		}
+		rt.Rows = append(rt.Rows, []string{rn.config, report.Num(rn.total, 0), report.Num(rn.slow, 0), rn.margin.String(), longest})
+	}
+	rt.Caption = "2. Lease renewals during the repeats (`cce_ipam_shard_lease_renew_duration_seconds`): a replica lapses " +
+		"(stops serving all its nodes until it claims them again) when a renewal, counted as at least a renew period, " +
+		"and the next one together take longer than the renew deadline; one longer than the margin lapses it unless " +
+		"the next is quicker than a period"
+	return rt
 }
 
 // scaleSections are items 3 (takeover cost), 4 (memory) and 6 (cold

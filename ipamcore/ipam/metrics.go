@@ -37,6 +37,9 @@ type metrics struct {
 	ghostWEPs         *prometheus.CounterVec
 }
 
+const prefetchesHelp = "ENI lists read ahead of a takeover, when another replica's Lease went stale " +
+	"(a takeover within a lease duration starts from it)."
+
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
 	fenced := f.NewCounterVec(prometheus.CounterOpts{
@@ -57,10 +60,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		releases: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_releases_total", Help: "Pod IP releases by result and path (pool; fixed keeps the IP reserved).",
 		}, []string{"result", "path"}),
-		prefetches: f.NewCounter(prometheus.CounterOpts{
-			Name: "cce_ipam_eni_prefetches_total",
-			Help: "ENI lists read ahead of a takeover, when another replica's Lease went stale (a takeover within a lease duration starts from it).",
-		}),
+		prefetches: f.NewCounter(prometheus.CounterOpts{Name: "cce_ipam_eni_prefetches_total", Help: prefetchesHelp}),
 		rebuilds: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_node_rebuilds_total", Help: "Node state rebuilds (ServeNode) by result.",
 		}, []string{"result"}),

@@ -72,40 +72,9 @@ func main() {
 		fmt.Fprintf(os.Stderr, "bench: unknown profile %q\n", *profile)
 		os.Exit(2)
 	}
-	if *scales != "" {
-		per := p.Scales[0].PodsPerNode
-		p.Scales = nil
-		for _, f := range strings.Split(*scales, ",") {
-			n, err := strconv.Atoi(f)
-			if err != nil || n <= 0 {
-				fmt.Fprintf(os.Stderr, "bench: --scales: %q is not a node count\n", f)
-				os.Exit(2)
-			}
-			p.Scales = append(p.Scales, bench.Scale{
-				Nodes:       n,
-				PodsPerNode: per,
-			})
-		}
-	}
-	if *podsPerNode < 0 {
-		fmt.Fprintln(os.Stderr, "bench: --pods-per-node must be >= 0")
+	if err := applyScaleFlags(&p, *scales, *podsPerNode, *scaleReplicas); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
-	}
-	if *podsPerNode > 0 {
-		p.Scales = slices.Clone(p.Scales)
-		for i := range p.Scales {
-			p.Scales[i].PodsPerNode = *podsPerNode
-		}
-	}
-	if *scaleReplicas < 0 {
-		fmt.Fprintln(os.Stderr, "bench: --scale-replicas must be >= 0")
-		os.Exit(2)
-	}
-	if *scaleReplicas > 0 {
-		p.Scales = slices.Clone(p.Scales)
-		for i := range p.Scales {
-			p.Scales[i].Replicas = *scaleReplicas
-		}
 	}
 	if *coldRepeats > 0 {
 		p.ColdRepeats = *coldRepeats
@@ -118,6 +87,35 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+// applyScaleFlags applies --scales, --pods-per-node and --scale-replicas to
+// the profile's scales (a copy: the profiles stay as defined).
+func applyScaleFlags(p *bench.Profile, scales string, podsPerNode, scaleReplicas int) error {
+	if podsPerNode < 0 || scaleReplicas < 0 {
+		return errors.New("--pods-per-node and --scale-replicas must be >= 0")
+	}
+	if scales != "" {
+		per := p.Scales[0].PodsPerNode
+		p.Scales = nil
+		for _, f := range strings.Split(scales, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("--scales: %q is not a node count", f)
+			}
+			p.Scales = append(p.Scales, bench.Scale{Nodes: n, PodsPerNode: per})
+		}
+	}
+	p.Scales = slices.Clone(p.Scales)
+	for i := range p.Scales {
+		if podsPerNode > 0 {
+			p.Scales[i].PodsPerNode = podsPerNode
+		}
+		if scaleReplicas > 0 {
+			p.Scales[i].Replicas = scaleReplicas
+		}
+	}
+	return nil
 }
 
 func run(p bench.Profile, only []string, binDir, out, workDir string, noPolicy bool, baselineRev string,

@@ -61,6 +61,22 @@ func (e *env) checkAssignedOnCloud(node string, grants []grant) {
 	}
 }
 
+// secondaryOn returns a secondary address other than except on an ENI of
+// node in bce-sim's own world, and that ENI ("" when there is none).
+func (e *env) secondaryOn(node, except string) (eniID, addr string) {
+	for _, eni := range e.sim.Dump().ENIs {
+		if eni.InstanceID != e.instance[node] {
+			continue
+		}
+		for _, ip := range eni.PrivateIPSet {
+			if !ip.Primary && ip.PrivateIPAddress != except {
+				eniID, addr = eni.ENIID, ip.PrivateIPAddress
+			}
+		}
+	}
+	return eniID, addr
+}
+
 // Finding 7 of issue #19: an address released just before a hand-over must
 // still cool on the new owner. The new owner cannot know when the previous
 // one released it, so every unclaimed address cools from the takeover.
@@ -112,17 +128,7 @@ func TestIPAM_TakeoverDoesNotTrustALaggedList(t *testing.T) {
 	const lag = 2 * time.Second
 	time.Sleep(lag + 200*time.Millisecond) // so the sim lets the delete below through
 	e.stop()                               // the previous owner, fenced
-	var eniID, gone string
-	for _, eni := range e.sim.Dump().ENIs {
-		if eni.InstanceID != e.instance[node] {
-			continue
-		}
-		for _, ip := range eni.PrivateIPSet {
-			if !ip.Primary {
-				eniID, gone = eni.ENIID, ip.PrivateIPAddress
-			}
-		}
-	}
+	eniID, gone := e.secondaryOn(node, "")
 	if gone == "" {
 		t.Fatal("no secondary address on the node's ENI")
 	}

@@ -53,17 +53,7 @@ func TestIPAM_TakeoverFromAListReadAhead(t *testing.T) {
 	e.startWith(func(ctx context.Context, ip *ipam.IPAM) {
 		ip.PrefetchENIs(ctx, []string{node}, time.Minute)
 		var eniID string
-		for _, eni := range e.sim.Dump().ENIs {
-			if eni.InstanceID != e.instance[node] {
-				continue
-			}
-			eniID = eni.ENIID
-			for _, a := range eni.PrivateIPSet {
-				if !a.Primary && a.PrivateIPAddress != r.IP {
-					gone = a.PrivateIPAddress
-				}
-			}
-		}
+		eniID, gone = e.secondaryOn(node, r.IP)
 		if gone == "" {
 			t.Fatal("no idle secondary address on the node's ENI")
 		}

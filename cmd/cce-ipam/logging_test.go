@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -73,5 +76,32 @@ cce_ipam_build_info{goversion="go1.x",revision="abc",version="v9"} 1
 	}
 	if s := b.String(); !strings.Contains(s, "v9") || !strings.Contains(s, "abc") {
 		t.Errorf("version line %q", s)
+	}
+}
+
+// client-go's errors for a context this replica canceled (a node's pod watch
+// stopped on a hand-over) are dropped; other errors, a passed deadline
+// among them, and our own records are kept.
+func TestLogger_DropsClientGoErrorsOfCanceledContexts(t *testing.T) {
+	var buf bytes.Buffer
+	log, err := newLogger(&buf, "json", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	klog.ErrorS(fmt.Errorf("Get \"https://api/api/v1/pods?watch=true\": %w", context.Canceled), "Failed to watch",
+		"reflector", "pods of node n-1")
+	klog.ErrorS(fmt.Errorf("Get \"https://api/api/v1/pods\": %w", context.DeadlineExceeded), "Failed to watch",
+		"reflector", "pods of node n-2")
+	klog.ErrorS(errors.New("connection refused"), "Failed to update lease")
+	log.Error("ours", "err", context.Canceled)
+	klog.Flush()
+	got := buf.String()
+	if strings.Contains(got, "n-1") {
+		t.Errorf("a watch stopped by its canceled context was logged:\n%s", got)
+	}
+	for _, want := range []string{"n-2", "Failed to update lease", `"msg":"ours"`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("lost %q:\n%s", want, got)
+		}
 	}
 }

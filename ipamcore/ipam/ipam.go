@@ -273,14 +273,22 @@ func (i *IPAM) ServeNodes(ctx context.Context, names []string) map[string]error 
 	// Nodes a list read ahead covers go first, without waiting for the
 	// list the others need: the dead replica's nodes, whose pods wait,
 	// beside a survivor's node the balance moved here (prefetch.go).
-	if covered, rest := i.splitPrefetched(todo); len(covered) > 0 && len(rest) > 0 {
-		maps.Copy(errs, i.ServeNodes(ctx, covered))
-		maps.Copy(errs, i.ServeNodes(ctx, rest))
-		return errs
+	listed, covered, rest := i.splitPrefetched(todo)
+	if len(covered) > 0 {
+		maps.Copy(errs, i.serveBatch(ctx, runCtx, covered, listed))
 	}
+	if len(rest) > 0 {
+		maps.Copy(errs, i.serveBatch(ctx, runCtx, rest, nil))
+	}
+	return errs
+}
 
+// serveBatch rebuilds and serves todo from listed, the ENIs by instance
+// (nil: listed now, one VPC-wide list for all).
+func (i *IPAM) serveBatch(ctx, runCtx context.Context, todo []string, listed map[string][]cloud.ENI) map[string]error {
+	errs := map[string]error{}
 	start := i.deps.Clock.Now()
-	byInstance, claims, err := i.takeoverReads(ctx, todo)
+	byInstance, claims, err := i.takeoverReads(ctx, todo, listed)
 	if err != nil {
 		for _, name := range todo {
 			i.metrics.rebuilds.WithLabelValues("error").Inc()
@@ -319,9 +327,11 @@ func (i *IPAM) unserved(names []string) (context.Context, []string) {
 }
 
 // takeoverReads reads what the nodes are rebuilt from: their ENIs by
-// instance, and (for many nodes) their wep claims in one bulk read; nil
-// claims mean each node reads its own.
-func (i *IPAM) takeoverReads(ctx context.Context, todo []string) (map[string][]cloud.ENI, map[string][]datastore.Claim, error) {
+// instance (unless listed, a list read ahead, holds them), and (for many
+// nodes) their wep claims in one bulk read; nil claims mean each node reads
+// its own.
+func (i *IPAM) takeoverReads(ctx context.Context, todo []string,
+	listed map[string][]cloud.ENI) (map[string][]cloud.ENI, map[string][]datastore.Claim, error) {
 	// The weps must be read now, after the caller won the nodes, so that
 	// they hold every commit of the previous owner. The ENI list is trusted
 	// for no more than a lagging read (prefetch.go), so one read ahead of
@@ -329,14 +339,12 @@ func (i *IPAM) takeoverReads(ctx context.Context, todo []string) (map[string][]c
 	// each takes seconds: the ENI list paced at ListENIs' 1/s, the weps 90
 	// pages).
 	var (
-		byInstance map[string][]cloud.ENI
+		byInstance = listed
 		listErr    error
 		claims     map[string][]datastore.Claim
 		reads      sync.WaitGroup
 	)
-	// A list read ahead of this takeover (prefetch.go says why it will do).
-	byInstance, prefetched := i.prefetchedFor(todo)
-	if !prefetched {
+	if byInstance == nil {
 		reads.Add(1)
 		go func() {
 			defer reads.Done()

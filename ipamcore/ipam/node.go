@@ -417,15 +417,21 @@ func (i *IPAM) subnetCIDR(ctx context.Context, subnetID string) (netip.Prefix, e
 func (i *IPAM) instancesOf(names []string) map[string]bool {
 	out := make(map[string]bool, len(names))
 	for _, name := range names {
-		k8sNode, err := i.nodes.Get(name)
-		if err != nil {
-			return nil
-		}
-		id, err := instanceIDFromProviderID(k8sNode.Spec.ProviderID)
-		if err != nil {
+		id, ok := i.instanceOf(name)
+		if !ok {
 			return nil
 		}
 		out[id] = true
 	}
 	return out
+}
+
+// instanceOf is the node's BCC instance, from the Node informer.
+func (i *IPAM) instanceOf(name string) (string, bool) {
+	k8sNode, err := i.nodes.Get(name)
+	if err != nil {
+		return "", false
+	}
+	id, err := instanceIDFromProviderID(k8sNode.Spec.ProviderID)
+	return id, err == nil
 }

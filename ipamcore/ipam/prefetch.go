@@ -84,48 +84,23 @@ func (i *IPAM) validPrefetch() *prefetchedENIs {
 	return p
 }
 
-// covers reports whether p holds node's instance.
-func (i *IPAM) covers(p *prefetchedENIs, node string) bool {
-	if p.instances == nil {
-		return true
-	}
-	ids := i.instancesOf([]string{node})
-	for id := range ids {
-		return p.instances[id]
-	}
-	return false // a node we cannot name an instance for
-}
-
-// prefetchedFor returns the list read ahead if it is still valid and covers
-// every node of todo.
-func (i *IPAM) prefetchedFor(todo []string) (map[string][]cloud.ENI, bool) {
-	p := i.validPrefetch()
-	if p == nil {
-		return nil, false
-	}
-	for _, n := range todo {
-		if !i.covers(p, n) {
-			return nil, false
-		}
-	}
-	return p.byInstance, true
-}
-
 // splitPrefetched splits todo into the nodes a valid list read ahead covers
-// and the rest (all in rest when there is none).
-func (i *IPAM) splitPrefetched(todo []string) (covered, rest []string) {
+// and the rest, and returns that list (nil, and every node in rest, when
+// there is none).
+func (i *IPAM) splitPrefetched(todo []string) (listed map[string][]cloud.ENI, covered, rest []string) {
 	p := i.validPrefetch()
 	if p == nil {
-		return nil, todo
+		return nil, nil, todo
 	}
 	for _, n := range todo {
-		if i.covers(p, n) {
+		id, known := i.instanceOf(n)
+		if p.instances == nil || (known && p.instances[id]) {
 			covered = append(covered, n)
 		} else {
 			rest = append(rest, n)
 		}
 	}
-	return covered, rest
+	return p.byInstance, covered, rest
 }
 
 // byInstanceOf groups attached ENIs by instance.

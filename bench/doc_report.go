@@ -276,9 +276,9 @@ func (b *docBuilder) failoverSection(f *failoverResult) report.Section {
 			"started again between repeats. The replicas' background loops run at the product's default periods (ENI sync 20 s, "+
 			"GC 2 min): the fleet's test-speed syncs would spend most of the cluster's 1 ListENIs/s that a takeover's list "+
 			"needs. The repeats run first with the default shard lease, then with every replica "+
-			"restarted with a 3 s lease (the shortest whose renew deadline leaves two renewals and the fence's quarter "+
-			"margin: `--shard-lease-duration=3s --shard-renew-deadline=2s --shard-renew-period=500ms`); a survivor may "+
-			"take over once the victim's Lease has not changed for a lease duration.", b.p.LatNodes, b.p.ChurnWorkers))
+			"restarted with a short lease (the shortest whose renew deadline leaves two renewals and the fence's quarter "+
+			"margin: `%s`); a survivor may take over once the victim's Lease has not changed for a lease duration.",
+		b.p.LatNodes, b.p.ChurnWorkers, strings.Join(leaseConfigs()[1].args(), " ")))
 	t := report.Table{Header: []string{"lease", "repeat", "victim nodes", "memberlist declares dead (s)",
 		"all victim nodes allocate again (s)", "ratio", "first node (s)", "unrecovered"}}
 	var allWorst []float64
@@ -286,7 +286,7 @@ func (b *docBuilder) failoverSection(f *failoverResult) report.Section {
 		var worst, detect []float64
 		n := 0
 		for _, r := range f.repeats {
-			if r.config != lc.name {
+			if r.config != lc.name() {
 				continue
 			}
 			n++
@@ -302,27 +302,27 @@ func (b *docBuilder) failoverSection(f *failoverResult) report.Section {
 				det = r.detectFirst.Seconds()
 			}
 			worst, detect = append(worst, w), append(detect, det)
-			t.Rows = append(t.Rows, []string{lc.name, fmt.Sprint(n), fmt.Sprint(r.victimNodes), report.Num(det, 1),
+			t.Rows = append(t.Rows, []string{lc.name(), fmt.Sprint(n), fmt.Sprint(r.victimNodes), report.Num(det, 1),
 				report.Num(w, 1), report.Ratio(w, det), report.Num(first, 1), fmt.Sprint(r.unrecovered)})
 		}
 		if n == 0 {
 			continue
 		}
-		t.Rows = append(t.Rows, []string{lc.name, "**p50**", "", report.Num(report.Median(detect), 1),
+		t.Rows = append(t.Rows, []string{lc.name(), "**p50**", "", report.Num(report.Median(detect), 1),
 			report.Num(report.Median(worst), 1), report.Ratio(report.Median(worst), report.Median(detect)), "", ""})
-		t.Rows = append(t.Rows, []string{lc.name, "**max**", "", report.Num(report.Max(detect), 1),
+		t.Rows = append(t.Rows, []string{lc.name(), "**max**", "", report.Num(report.Max(detect), 1),
 			report.Num(report.Max(worst), 1), report.Ratio(report.Max(worst), report.Max(detect)), "", ""})
-		if lc.args == nil {
+		if lc.defaults {
 			allWorst = worst
 		}
-		b.addSummary("2. failover within 5 s of the kill (#25), max over repeats, "+lc.name, "≤ 5 s",
+		b.addSummary("2. failover within 5 s of the kill (#25), max over repeats, "+lc.name(), "≤ 5 s",
 			report.Num(report.Max(worst), 1)+" s (p50 "+report.Num(report.Median(worst), 1)+" s)",
 			targetLine(report.Max(worst), 5, " s"))
 		ratios := make([]float64, len(worst))
 		for i := range worst {
 			ratios[i] = worst[i] / detect[i]
 		}
-		b.addSummary("2. failover / memberlist's detection (#25), max over repeats, "+lc.name, "≤ 1.5×",
+		b.addSummary("2. failover / memberlist's detection (#25), max over repeats, "+lc.name(), "≤ 1.5×",
 			report.Num(report.Max(ratios), 2)+"×", targetLine(report.Max(ratios), 1.5, "×"))
 	}
 	s.Tables = append(s.Tables, t)
@@ -349,7 +349,7 @@ func renewalsTable(rns []renewals) report.Table {
 	for _, rn := range rns {
 		longest := "≤ " + report.Num(rn.max, 3) + " s"
 		if math.IsInf(rn.max, 1) {
-			longest = "> " + report.Num(renewBuckets[len(renewBuckets)-1], 0) + " s"
+			longest = "> " + report.Num(shard.RenewDurationBuckets[len(shard.RenewDurationBuckets)-1], 0) + " s"
 		}
 		rt.Rows = append(rt.Rows, []string{rn.config, report.Num(rn.total, 0), report.Num(rn.slow, 0), rn.margin.String(), longest})
 	}

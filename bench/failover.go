@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cce-ipam/sharded/e2e/fleet"
+	"github.com/cce-ipam/sharded/shard"
 )
 
 // failoverRepeat is one SIGKILL.
@@ -36,15 +37,10 @@ func (r failoverRepeat) worst() time.Duration {
 	return w
 }
 
-// leaseConfig is one set of shard lease flags item 2 measures.
+// leaseConfig is one set of shard lease values item 2 measures.
 type leaseConfig struct {
-	name string
-	args []string // nil: the defaults
-	// margin is the renew deadline less the renew period: a renewal longer
-	// than this lapses the lease unless the next one is quicker than a
-	// period (a renewal, counted as at least a period, and the next must
-	// fit in the deadline together).
-	margin time.Duration
+	defaults                     bool // the replicas' own defaults: no flags
+	lease, deadline, renewPeriod time.Duration
 }
 
 // leaseConfigs are the lease settings item 2 kills replicas under: the
@@ -53,13 +49,33 @@ type leaseConfig struct {
 func leaseConfigs() []leaseConfig {
 	d := shardDefaults
 	return []leaseConfig{
-		{name: fmt.Sprintf("defaults: lease %v, deadline %v, renew %v", d.LeaseDuration, d.RenewDeadline, d.RenewPeriod),
-			margin: d.RenewDeadline - d.RenewPeriod},
-		{name: "lease 3s, deadline 2s, renew 500ms",
-			args:   []string{"--shard-lease-duration=3s", "--shard-renew-deadline=2s", "--shard-renew-period=500ms"},
-			margin: 1500 * time.Millisecond},
+		{defaults: true, lease: d.LeaseDuration, deadline: d.RenewDeadline, renewPeriod: d.RenewPeriod},
+		{lease: 3 * time.Second, deadline: 2 * time.Second, renewPeriod: 500 * time.Millisecond},
 	}
 }
+
+func (lc leaseConfig) name() string {
+	n := fmt.Sprintf("lease %v, deadline %v, renew %v", lc.lease, lc.deadline, lc.renewPeriod)
+	if lc.defaults {
+		return "defaults: " + n
+	}
+	return n
+}
+
+// args are the replicas' flags for lc (none for the defaults).
+func (lc leaseConfig) args() []string {
+	if lc.defaults {
+		return nil
+	}
+	return []string{"--shard-lease-duration=" + lc.lease.String(), "--shard-renew-deadline=" + lc.deadline.String(),
+		"--shard-renew-period=" + lc.renewPeriod.String()}
+}
+
+// margin is the renew deadline less the renew period: a renewal longer than
+// this lapses the lease unless the next one is quicker than a period (a
+// renewal, counted as at least a period, and the next must fit in the
+// deadline together).
+func (lc leaseConfig) margin() time.Duration { return lc.deadline - lc.renewPeriod }
 
 // renewals is what the running replicas' renewal histograms showed at the
 // end of one configuration's repeats (counts since each process started).
@@ -102,7 +118,7 @@ func (e *env) runFailover(ctx context.Context, nodes []string) (*failoverResult,
 		// The background loops at the product's periods (steadyArgs): the
 		// fleet's test-speed ENI syncs would spend most of the cluster's
 		// 1 ListENIs/s that a takeover's list needs.
-		e.setPhaseArgs(append(slices.Clone(steadyArgs), lc.args...)...)
+		e.setPhaseArgs(append(slices.Clone(steadyArgs), lc.args()...)...)
 		if err := e.restartAll(ctx, 3); err != nil {
 			return res, err
 		}
@@ -114,9 +130,9 @@ func (e *env) runFailover(ctx context.Context, nodes []string) (*failoverResult,
 			if err != nil {
 				return res, err
 			}
-			fr.config = lc.name
+			fr.config = lc.name()
 			res.repeats = append(res.repeats, fr)
-			e.log.Info("failover", "config", lc.name, "repeat", rep+1, "victim", fr.victim, "victim_nodes", fr.victimNodes,
+			e.log.Info("failover", "config", lc.name(), "repeat", rep+1, "victim", fr.victim, "victim_nodes", fr.victimNodes,
 				"all_recovered_s", fr.worst().Seconds(), "unrecovered", fr.unrecovered,
 				"memberlist_first_s", fr.detectFirst.Seconds(), "memberlist_last_s", fr.detectLast.Seconds())
 			victim := e.f.Replica(fr.victim)
@@ -134,13 +150,10 @@ func (e *env) runFailover(ctx context.Context, nodes []string) (*failoverResult,
 	return res, err
 }
 
-// renewBuckets are cce_ipam_shard_lease_renew_duration_seconds' bounds.
-var renewBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 4}
-
 // readRenewals sums the running replicas' renewal histograms.
 func (e *env) readRenewals(ctx context.Context, lc leaseConfig) renewals {
 	const name = "cce_ipam_shard_lease_renew_duration_seconds"
-	rn := renewals{config: lc.name, margin: lc.margin}
+	rn := renewals{config: lc.name(), margin: lc.margin()}
 	for _, r := range e.running() {
 		ss, err := r.Metrics(ctx)
 		if err != nil {
@@ -148,10 +161,10 @@ func (e *env) readRenewals(ctx context.Context, lc leaseConfig) renewals {
 		}
 		count, _ := ss.Sum(name+"_count", nil)
 		rn.total += count
-		within, _ := ss.Sum(name+"_bucket", map[string]string{"le": fmt.Sprint(lc.margin.Seconds())})
+		within, _ := ss.Sum(name+"_bucket", map[string]string{"le": fmt.Sprint(lc.margin().Seconds())})
 		rn.slow += count - within
 		prev := 0.0
-		for _, b := range renewBuckets {
+		for _, b := range shard.RenewDurationBuckets {
 			n, _ := ss.Sum(name+"_bucket", map[string]string{"le": fmt.Sprint(b)})
 			if n > prev {
 				rn.max = max(rn.max, b) // some renewal took at most b and more than the bound before

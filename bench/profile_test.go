@@ -137,7 +137,7 @@ func TestReport_PSTSRowsAreRatiosToWarm(t *testing.T) {
 func TestReport_FailoverPerLeaseConfig(t *testing.T) {
 	lcs := leaseConfigs()
 	rep := func(lc leaseConfig, detect time.Duration, recovered ...time.Duration) failoverRepeat {
-		return failoverRepeat{config: lc.name, victimNodes: 11, detectFirst: detect, recovered: recovered}
+		return failoverRepeat{config: lc.name(), victimNodes: 11, detectFirst: detect, recovered: recovered}
 	}
 	res := &results{failover: &failoverResult{
 		repeats: []failoverRepeat{
@@ -147,22 +147,22 @@ func TestReport_FailoverPerLeaseConfig(t *testing.T) {
 			rep(lcs[1], 5*time.Second, 4*time.Second),
 		},
 		renewals: []renewals{
-			{config: lcs[0].name, total: 300, slow: 0, max: 0.25, margin: lcs[0].margin},
-			{config: lcs[1].name, total: 600, slow: 2, max: math.Inf(1), margin: lcs[1].margin},
+			{config: lcs[0].name(), total: 300, slow: 0, max: 0.25, margin: lcs[0].margin()},
+			{config: lcs[1].name(), total: 600, slow: 2, max: math.Inf(1), margin: lcs[1].margin()},
 		},
 	}}
 	got := tableRows(t, res)
 	for _, want := range []string{
-		lcs[0].name + "|1|11|5.5|9|1.64×|7|0",
-		lcs[0].name + "|**max**||5.6|9|1.61×||",
-		lcs[1].name + "|**max**||5.5|4.5|0.82×||",
-		"2. failover within 5 s of the kill (#25), max over repeats, " + lcs[0].name + "|≤ 5 s|9 s (p50 8 s)|missed by 4 s",
-		"2. failover within 5 s of the kill (#25), max over repeats, " + lcs[1].name + "|≤ 5 s|4.5 s (p50 4 s)|met",
-		"2. failover / memberlist's detection (#25), max over repeats, " + lcs[1].name + "|≤ 1.5×|0.82×|met",
+		lcs[0].name() + "|1|11|5.5|9|1.64×|7|0",
+		lcs[0].name() + "|**max**||5.6|9|1.61×||",
+		lcs[1].name() + "|**max**||5.5|4.5|0.82×||",
+		"2. failover within 5 s of the kill (#25), max over repeats, " + lcs[0].name() + "|≤ 5 s|9 s (p50 8 s)|missed by 4 s",
+		"2. failover within 5 s of the kill (#25), max over repeats, " + lcs[1].name() + "|≤ 5 s|4.5 s (p50 4 s)|met",
+		"2. failover / memberlist's detection (#25), max over repeats, " + lcs[1].name() + "|≤ 1.5×|0.82×|met",
 		"2. failover (max over repeats), defaults|≤ 10 s|9 s (p50 8 s)|met",
-		"2. failover / memberlist's detection (#25), max over repeats, " + lcs[0].name + "|≤ 1.5×|1.64×|missed by 0.14×",
-		lcs[0].name + "|300|0|3s|≤ 0.25 s",
-		lcs[1].name + "|600|2|1.5s|> 4 s",
+		"2. failover / memberlist's detection (#25), max over repeats, " + lcs[0].name() + "|≤ 1.5×|1.64×|missed by 0.14×",
+		lcs[0].name() + "|300|0|3s|≤ 0.25 s",
+		lcs[1].name() + "|600|2|1.5s|> 4 s",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("report lacks %q:\n%s", want, got)

@@ -66,33 +66,26 @@ func (e *env) measureIdle(ctx context.Context) (*idleReplica, error) {
 // writeVerbs are the HTTP methods that change state at the API server.
 var writeVerbs = []string{"POST", "PUT", "PATCH", "DELETE"}
 
-// apiWrites reads the running replicas' API requests of each write verb,
-// summed over replicas.
-func (e *env) apiWrites(ctx context.Context) map[string]float64 {
-	out := map[string]float64{}
+// replicaCounters reads, in one scrape per running replica, their API
+// requests of each write verb (summed over replicas) and each one's
+// process_cpu_seconds_total by replica index (a replica whose scrape fails
+// is left out of both, one without the series out of cpu).
+func (e *env) replicaCounters(ctx context.Context) (writes map[string]float64, cpu map[int]float64) {
+	writes, cpu = map[string]float64{}, map[int]float64{}
 	for _, r := range e.running() {
-		ss, err := r.Metrics(ctx) // one scrape for every verb
+		ss, err := r.Metrics(ctx)
 		if err != nil {
 			continue
 		}
 		for _, v := range writeVerbs {
 			n, _ := ss.Sum("cce_ipam_kube_api_requests_total", map[string]string{"verb": v})
-			out[v] += n
+			writes[v] += n
+		}
+		if v, ok := ss.Sum("process_cpu_seconds_total", nil); ok {
+			cpu[r.Index()] = v
 		}
 	}
-	return out
-}
-
-// replicaCPU reads each running replica's process_cpu_seconds_total, by
-// replica index (a replica whose scrape fails is left out).
-func (e *env) replicaCPU(ctx context.Context) map[int]float64 {
-	out := map[int]float64{}
-	for _, r := range e.running() {
-		if v, err := r.Metric(ctx, "process_cpu_seconds_total", nil); err == nil {
-			out[r.Index()] = v
-		}
-	}
-	return out
+	return writes, cpu
 }
 
 // settledWritesPerSec is the total of c.settledWrites.
@@ -280,9 +273,10 @@ func (e *env) coldStart(ctx context.Context, n int) (coldStart, error) {
 		}
 	}
 	from := time.Now()
-	w0, cpu0 := e.apiWrites(ctx), e.replicaCPU(ctx)
+	w0, cpu0 := e.replicaCounters(ctx)
 	sleep(ctx, e.cfg.Profile.MemWindow)
-	w1, cpu1, secs := e.apiWrites(ctx), e.replicaCPU(ctx), time.Since(from).Seconds()
+	w1, cpu1 := e.replicaCounters(ctx)
+	secs := time.Since(from).Seconds()
 	for idx, c1 := range cpu1 {
 		if c0, ok := cpu0[idx]; ok {
 			c.settledCPU = append(c.settledCPU, (c1-c0)/secs)

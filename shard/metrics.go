@@ -5,6 +5,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
+// RenewDurationBuckets are cce_ipam_shard_lease_renew_duration_seconds'
+// bounds (seconds): fine below the renew period, and every half second or
+// second up to the default deadline, where a lapse threatens.
+var RenewDurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 4}
+
 // Per-shard metrics. The replica is the scrape target, so no replica label.
 type metrics struct {
 	ownedNodes        prometheus.Gauge
@@ -71,7 +76,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Round trip of each renewal of this replica's Lease, failed ones included. A replica lapses when " +
 				"a renewal (counted as at least --shard-renew-period) and the next one together take longer than " +
 				"--shard-renew-deadline: the margin to size the lease by.",
-			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 4},
+			Buckets: RenewDurationBuckets,
 		}),
 		leaseValid: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_shard_lease_valid", Help: "1 while this replica's Lease is valid (it may serve), else 0.",

@@ -8,7 +8,10 @@
 #      fail until the node is NotReady and the endpoint leaves the Service
 #      (counted and reported: the kubelet retries them), none after that; every
 #      pod gets its IP and no address is held twice.
-# Load: a host-side kubelet-sim plays 6 simulated BCC nodes and calls the CNI
+# Load: a host-side kubelet-sim plays 6 simulated BCC nodes (renewing their
+# heartbeat Leases: without them kube-controller-manager marks the nodes
+# NotReady after 20 s, taints them unreachable, and marks and evicts their
+# pods, which once failed this suite in CI) and calls the CNI
 # Service the way a node's CNI plugin does: through kube-proxy (the Service is
 # a NodePort here; the calls go to the control-plane node's port, so readiness
 # gating and endpoint changes are the cluster's own), on a new connection per
@@ -27,18 +30,36 @@ kubectl() { "$BIN/kindnode/kubectl" "$@"; }
 log() { printf '[e2e-kind rollout %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 LOAD_NS=rollout
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/cce-kind-rollout-XXXXXX")
+# CAUSE: where the reason for a failure goes, in a line or a few, for run.sh
+# to print last: a CI log shows only its tail, which is otherwise run.sh's
+# dump of the cluster.
+CAUSE=${E2E_KIND_CAUSE:-/dev/null}
+# fail MSG [FILE]: the reason (and FILE's last lines) on stderr and in CAUSE.
+fail() {
+	{
+		printf 'rollout: %s\n' "$1"
+		[ -z "${2:-}" ] || tail -n 15 "$2" | cut -c1-400 | sed 's/^/    /'
+	} | tee -a "$CAUSE" >&2
+	exit 1
+}
+# Any other command that fails (a rollout status that timed out, helm upgrade).
+trap 'rc=$?; printf "rollout: line %s failed (exit %s): %s\n" "$LINENO" "$rc" "$BASH_COMMAND" >>"$CAUSE"' ERR
 SIM_PID=
 CHURN_PID=
 cleanup() {
 	[ -n "$CHURN_PID" ] && kill "$CHURN_PID" 2>/dev/null || true
 	[ -n "$SIM_PID" ] && kill "$SIM_PID" 2>/dev/null && wait "$SIM_PID" 2>/dev/null || true
-	rm -rf "$WORK"
+	if [ "${KEEP:-0}" = 1 ]; then
+		log "kept kubelet-sim's log and the rest in $WORK"
+	else
+		rm -rf "$WORK"
+	fi
 }
 trap cleanup EXIT
 
 port=$(kubectl -n "$NS" get svc "$RELEASE" -o jsonpath='{.spec.ports[?(@.name=="grpc")].nodePort}')
 cp_ip=$(kubectl get node -l node-role.kubernetes.io/control-plane -o jsonpath='{.items[0].status.addresses[?(@.type=="InternalIP")].address}')
-[ -n "$port" ] && [ -n "$cp_ip" ] || { echo "rollout: the CNI Service has no NodePort ($port) or no control-plane address ($cp_ip)" >&2; exit 1; }
+[ -n "$port" ] && [ -n "$cp_ip" ] || fail "the CNI Service has no NodePort ($port) or no control-plane address ($cp_ip)"
 log "CNI Service through kube-proxy at $cp_ip:$port"
 
 kubectl create namespace "$LOAD_NS" >/dev/null
@@ -46,16 +67,16 @@ kubectl create namespace "$LOAD_NS" >/dev/null
 	--cni-endpoint "$cp_ip:$port" --cni-connection-per-call --cni-timeout 60s --bce-endpoint "http://$BCE" \
 	--bce-access-key-id AKFLEET --bce-secret-access-key SKfleetSecret \
 	--cluster-id cce-kind --vpc-id vpc-kind --subnet-id sbn-kind --security-group g-kind --zone cn-bj-a \
-	--metrics-listen 127.0.0.1:0 --stats-period 0 --log-level debug >"$WORK/kubelet-sim.log" 2>&1 &
+	--metrics-listen 127.0.0.1:0 --stats-period 0 --log-level debug --node-lease-period 5s >"$WORK/kubelet-sim.log" 2>&1 &
 SIM_PID=$!
 metrics=
 for _ in $(seq 1 100); do
 	metrics=$(sed -n 's/.*"serving metrics".*addr=\([0-9.:]*\).*/\1/p; s/.*"msg":"serving metrics".*"addr":"\([0-9.:]*\)".*/\1/p' "$WORK/kubelet-sim.log" | head -n 1)
 	[ -n "$metrics" ] && break
-	kill -0 "$SIM_PID" 2>/dev/null || { echo "rollout: kubelet-sim exited:" >&2; tail -20 "$WORK/kubelet-sim.log" >&2; exit 1; }
+	kill -0 "$SIM_PID" 2>/dev/null || fail "kubelet-sim exited:" "$WORK/kubelet-sim.log"
 	sleep 0.2
 done
-[ -n "$metrics" ] || { echo "rollout: kubelet-sim did not log its metrics address:" >&2; tail -20 "$WORK/kubelet-sim.log" >&2; exit 1; }
+[ -n "$metrics" ] || fail "kubelet-sim did not log its metrics address:" "$WORK/kubelet-sim.log"
 log "kubelet-sim metrics at $metrics"
 for _ in $(seq 1 120); do
 	[ "$(kubectl get nodes -l kubeletsim.cce-ipam.io/simulator=rollout --no-headers 2>/dev/null | grep -c ' Ready')" = 6 ] && break
@@ -133,22 +154,21 @@ wait_ring() {
 	local n=$1 within=$2 from=$SECONDS
 	until "$BIN/ipamctl" -n "$NS" --service "$RELEASE-peers" --timeout 3s check --replicas "$n" >"$WORK/check.out" 2>&1; do
 		if [ $((SECONDS - from)) -gt "$within" ]; then
-			echo "rollout: no ring of $n live replicas holding every partition within $within s:" >&2
-			cat "$WORK/check.out" >&2
-			exit 1
+			fail "no ring of $n live replicas holding every partition within $within s:" "$WORK/check.out"
 		fi
 		sleep 1
 	done
 }
 check() { # name
-	local total failed
+	local total failed ready
+	ready=$(kubectl get nodes -l kubeletsim.cce-ipam.io/simulator=rollout --no-headers 2>/dev/null | grep -c ' Ready' || true)
+	[ "$ready" = 6 ] || fail "$1: $ready of the 6 simulated nodes are Ready (kubelet-sim's node heartbeats lapsed?)"
 	total=$(( $(calls AllocateIP "") + $(calls ReleaseIP "") ))
 	failed=$(( $(failed_total) - FAILED_BASE ))
 	log "$1: CNI calls so far $total, failed $failed; longest call in this phase $(longest "$MARK") s, in the run $(longest) s"
 	if [ "$failed" != 0 ]; then
-		echo "rollout: $1: $failed CNI calls failed; kubelet-sim's log:" >&2
-		grep "CNI ADD failed\|CNI DEL failed\|\"level\":\"ERROR\"" "$WORK/kubelet-sim.log" | tail -20 >&2
-		return 1
+		grep "CNI ADD failed\|CNI DEL failed\|\"level\":\"ERROR\"" "$WORK/kubelet-sim.log" >"$WORK/failed.log" || true
+		fail "$1: $failed CNI calls failed; kubelet-sim's log:" "$WORK/failed.log"
 	fi
 }
 check "warm-up"
@@ -168,7 +188,7 @@ load_on
 # A replica that is not already terminating (the rollout's old pods may still be going).
 victim=$(kubectl -n "$NS" get pods -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/name=cce-ipam" \
 	-o jsonpath='{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}' | awk 'NF == 1 { print $1; exit }')
-[ -n "$victim" ] || { echo "rollout: no replica pod that is not terminating" >&2; exit 1; }
+[ -n "$victim" ] || fail "no replica pod that is not terminating"
 start=$SECONDS
 kubectl -n "$NS" delete pod "$victim" --wait=true >/dev/null
 kubectl -n "$NS" rollout status "deployment/$RELEASE" --timeout=180s >/dev/null
@@ -183,7 +203,7 @@ sim_node=$(kubectl -n "$NS" get pods -l app=bce-sim -o jsonpath='{.items[0].spec
 read -r victim node < <(kubectl -n "$NS" get pods -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/name=cce-ipam" \
 	-o jsonpath='{range .items[*]}{.metadata.name} {.spec.nodeName} {.metadata.deletionTimestamp}{"\n"}{end}' |
 	awk -v s="$sim_node" 'NF == 2 && $2 != s { print $1, $2; exit }')
-[ -n "${node:-}" ] || { echo "rollout: no replica on a node without bce-sim" >&2; exit 1; }
+[ -n "${node:-}" ] || fail "no replica on a node without bce-sim"
 victim_ip=$(kubectl -n "$NS" get pod "$victim" -o jsonpath='{.status.podIP}')
 load_on
 start=$SECONDS
@@ -201,8 +221,7 @@ log "survivors hold every partition ${takeover} s after the kill"
 until [ -z "$(kubectl -n "$NS" get endpointslices -l "kubernetes.io/service-name=$RELEASE" \
 	-o jsonpath='{range .items[*].endpoints[?(@.conditions.ready==true)]}{.addresses[0]}{"\n"}{end}' | grep -Fx "$victim_ip")" ]; do
 	if [ $((SECONDS - start)) -gt 150 ]; then
-		echo "rollout: the dead replica $victim is still a ready endpoint of the CNI Service 150 s after the kill" >&2
-		exit 1
+		fail "the dead replica $victim is still a ready endpoint of the CNI Service 150 s after the kill"
 	fi
 	sleep 1
 done
@@ -217,7 +236,10 @@ load_off
 failed_after=$(failed_since "$gate_at")
 failed_phase=$(( $(failed_total) - FAILED_BASE ))
 log "node kill: CNI calls so far $(( $(calls AllocateIP "") + $(calls ReleaseIP "") )); failed $failed_phase, begun before the dead endpoint left the Service (connection refused, or a dial timeout of 20 s: a kubelet retries them): $((failed_phase - failed_after)), after: $failed_after; longest call in this phase $(longest "$MARK") s"
-[ "$failed_after" = 0 ] || { echo "rollout: $failed_after CNI calls begun after the dead replica left the Service failed:" >&2; grep '"msg":"CNI \(ADD\|DEL\) failed"' "$WORK/kubelet-sim.log" | tail -n "$failed_after" >&2; exit 1; }
+if [ "$failed_after" != 0 ]; then
+	grep '"msg":"CNI \(ADD\|DEL\) failed"' "$WORK/kubelet-sim.log" | tail -n "$failed_after" >"$WORK/failed.log"
+	fail "$failed_after CNI calls begun after the dead replica left the Service failed:" "$WORK/failed.log"
+fi
 # Every churned pod got its IP (the failed ADDs were retried), and no address
 # is held by two WorkloadEndpoints.
 # (Not `kubectl wait -l`: it waits out its timeout on a pod the last churn
@@ -227,16 +249,21 @@ until [ "$(kubectl -n "$LOAD_NS" get pods -l app=load \
 	-o jsonpath='{range .items[*]}{.metadata.deletionTimestamp}{"|"}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
 	grep -c '^|True$')" = 20 ]; do
 	if [ $((SECONDS - ready_start)) -gt 120 ]; then
-		echo "rollout: the 20 load pods are not all Ready 120 s after the node kill (name, deletion, Ready condition):" >&2
-		kubectl -n "$LOAD_NS" get pods -l app=load -o jsonpath='{range .items[*]}{.metadata.name}{" |"}{.metadata.deletionTimestamp}{"|"}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' >&2
 		kubectl -n "$LOAD_NS" get pods -o wide >&2
-		grep -i 'failed' "$WORK/kubelet-sim.log" | tail -n 10 >&2 || true
-		exit 1
+		{
+			kubectl -n "$LOAD_NS" get pods -l app=load -o jsonpath='{range .items[*]}{.metadata.name}{" |"}{.metadata.deletionTimestamp}{"|"}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
+				grep -v '^[^ ]* ||True$' || true
+			echo "the simulated nodes (kube-controller-manager marks the pods of a NotReady node not Ready):"
+			kubectl get nodes -l kubeletsim.cce-ipam.io/simulator=rollout --no-headers || true
+			echo "kubelet-sim's last failures:"
+			grep -i 'failed' "$WORK/kubelet-sim.log" | tail -n 5 || true
+		} >"$WORK/unready.log"
+		fail "the 20 load pods are not all Ready 120 s after the node kill (those that are not: name, deletion, Ready):" "$WORK/unready.log"
 	fi
 	sleep 1
 done
 dups=$(kubectl get workloadendpoints.cce.io -A -o jsonpath='{range .items[*]}{.spec.ip}{"\n"}{end}' | grep . | sort | uniq -d)
-[ -z "$dups" ] || { echo "rollout: addresses held by two WorkloadEndpoints: $dups" >&2; exit 1; }
+[ -z "$dups" ] || fail "addresses held by two WorkloadEndpoints: $dups"
 # As an operator would for a node that is gone: delete it and its pod; the
 # Deployment's replacement starts on the free system node and the ring is 3 again.
 kubectl delete node "$node" --wait=false >/dev/null

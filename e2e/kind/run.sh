@@ -32,6 +32,10 @@ IMAGE="cce-ipam:$TAG"
 IMAGE_SIM="cce-ipam-bce-sim:$TAG"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/cce-ipam-kind-XXXXXX")
 export KUBECONFIG="$WORK/kubeconfig"
+# Why the run failed, in a few lines, printed last by cleanup (a CI log shows
+# only its tail): the failing command, and what rollout.sh and the suites say.
+export E2E_KIND_CAUSE="$WORK/cause"
+trap 'rc=$?; printf "e2e-kind: line %s failed (exit %s): %s\n" "$LINENO" "$rc" "$BASH_COMMAND" >>"$E2E_KIND_CAUSE"' ERR
 
 log() { printf '[e2e-kind %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
@@ -54,8 +58,9 @@ CREATED=0
 OWN_DOCKERD=0
 cleanup() {
 	local code=$?
-	local why
+	local why cause
 	why=$(cat "$WORK/why" 2>/dev/null || true)
+	cause=$(cat "$E2E_KIND_CAUSE" 2>/dev/null || true)
 	for pid in ${FORWARDS[@]+"${FORWARDS[@]}"}; do
 		kill "$pid" 2>/dev/null || true
 		wait "$pid" 2>/dev/null || true
@@ -82,6 +87,10 @@ cleanup() {
 	if [[ $code -ne 0 && -n "${why:-}" ]]; then
 		log "failed ($code) creating the cluster:"
 		printf '%s\n' "$why"
+	fi
+	if [[ $code -ne 0 && -n "${cause:-}" ]]; then
+		log "failed ($code):"
+		printf '%s\n' "$cause"
 	fi
 	exit "$code"
 }
@@ -258,6 +267,7 @@ log "bce-sim at http://$SIM_ADDR, CNI endpoints $CNI_LIST"
 
 log "running the lifecycle suite"
 cd "$ROOT"
+suite_rc=0
 E2E_KUBECONFIG="$KUBECONFIG" \
 E2E_CNI_ENDPOINTS="$CNI_LIST" \
 E2E_BCE_ENDPOINT="http://$SIM_ADDR" \
@@ -265,7 +275,14 @@ E2E_CLUSTER_ID=cce-kind \
 E2E_VPC_ID=vpc-kind \
 E2E_SUBNET_ID=sbn-kind \
 E2E_SECURITY_GROUP=g-kind \
-	go test -race -tags integration -count=1 -v -timeout 30m ./e2e/suites/lifecycle/
+	go test -race -tags integration -count=1 -v -timeout 30m ./e2e/suites/lifecycle/ 2>&1 | tee "$WORK/lifecycle.log" || suite_rc=$?
+if [[ $suite_rc -ne 0 ]]; then
+	{
+		echo "e2e-kind: the lifecycle suite failed (exit $suite_rc):"
+		grep -E -e '--- FAIL|^panic:|_test\.go:[0-9]+:' "$WORK/lifecycle.log" | cut -c1-300 | tail -n 15 || true
+	} >>"$E2E_KIND_CAUSE"
+	exit "$suite_rc"
+fi
 
 log "rolling update and pod deletion under load (e2e/kind/rollout.sh)"
 "$HERE/rollout.sh" "$BIN" "$NS" cce-ipam "$ROOT/charts/cce-ipam" "$HERE/values.yaml" "$SIM_ADDR"

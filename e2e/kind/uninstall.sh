@@ -47,8 +47,10 @@ log "kept, as the chart README says: $(printf '%s\n' ${kept[@]+"${kept[@]}"} | s
 crds=$(kubectl get crd -o name | grep -c '\.cce\.io$' || true)
 log "CRDs kept (Helm leaves crds/ alone): $crds"
 if [ ${#left[@]} -gt 0 ]; then
-	echo "uninstall: helm uninstall left objects the chart README does not list:" >&2
-	printf '  %s\n' "${left[@]}" >&2
+	{
+		echo "uninstall: helm uninstall left objects the chart README does not list:"
+		printf '  %s\n' "${left[@]}"
+	} | tee -a "${E2E_KIND_CAUSE:-/dev/null}" >&2
 	exit 1
 fi
 log "passed: nothing else of $RELEASE is left"

@@ -357,6 +357,8 @@ func (e *env) fill(ctx context.Context, perNode int, filled map[string]bool) (in
 		}
 		ip, err := e.drv.allocateRetry(ctx, target, pd, e.drv.containerID(), 3*time.Minute)
 		if err != nil {
+			// Counted, not fatal: the report gives the count; the log says why.
+			e.log.Warn("fill: a pod got no IP", "pod", pd.name, "node", pd.node, "err", err)
 			lost.Add(1)
 			return nil
 		}

@@ -285,10 +285,12 @@ func sandboxID(pod string, n int) string {
 
 // waitFor waits for the IPAM's own goroutines (a pod watch, the pool worker)
 // to catch up with what the test just did. In process they take
-// milliseconds; the bound only turns a hang into a failure.
+// milliseconds; the bound only turns a hang into a failure. (10 s was once
+// too short for a pod watch's delete on a machine at load 9, with the
+// integration packages running beside this one.)
 func (w *fastWorld) waitFor(what string, cond func() bool) {
 	w.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			w.t.Fatalf("timed out waiting for %s", what)

@@ -26,6 +26,7 @@ type Client struct {
 	transport *http.Transport
 	limiter   *Limiter
 	opLimits  map[string]*Limiter // per operation, scaled with the share
+	paces     map[string]*Limiter // per operation, its whole (cluster-wide) limit: see takeTokens
 	m         *metrics
 	log       *slog.Logger
 	secrets   []string // redacted from every error message
@@ -68,13 +69,16 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer, opts ...Opt
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 100
 	c := &Client{cfg: cfg, sdkConfig: sdkCfg, transport: tr, limiter: lim, m: newMetrics(reg), log: logger,
-		secrets: []string{sk, ak}, opLimits: map[string]*Limiter{}}
+		secrets: []string{sk, ak}, opLimits: map[string]*Limiter{}, paces: map[string]*Limiter{}}
 	for op, l := range cfg.OpLimits {
 		ol, err := NewLimiter(l.Rate, l.Burst)
 		if err != nil {
 			return nil, fmt.Errorf("limit of %s: %w", op, err)
 		}
 		c.opLimits[op] = ol
+		if c.paces[op], err = NewLimiter(max(MinRate, l.Rate*paceMargin), l.Burst); err != nil {
+			return nil, fmt.Errorf("pace of %s: %w", op, err)
+		}
 	}
 	c.m.rate.Set(cfg.Rate)
 	c.m.burst.Set(float64(cfg.Burst))
@@ -316,20 +320,31 @@ func (c *Client) count(op string, e *Error) error {
 	return e
 }
 
-// takeTokens waits for an attempt's tokens: the operation's own limit, then
-// the shared bucket. A retry after RateLimit takes no second token of the
+// takeTokens waits for an attempt's tokens: the operation's own limit (this
+// replica's share of it; for an urgent attempt, its pace), then the shared
+// bucket. A retry after RateLimit takes no second token of the
 // operation's own limit: BCE did not count the rejected call, and the
 // backoff already spaced the retry by the operation's cluster-wide interval
 // (waiting for this replica's share too kept a takeover's ENI list, which
 // collides with the other survivors', seconds behind theirs). A retry after
 // a 5xx does take one: BCE counted the failed call. A non-nil error ends the
 // call and is already counted.
+//
+// An urgent attempt, which the share does not hold back, paces itself at
+// the operation's whole, cluster-wide limit (c.paces, a little under it,
+// which every attempt of the operation spends from): BCE's bucket counts at
+// least this replica's own calls, so an attempt sent while they have
+// emptied it is turned away for certain. An urgent list that sent its pages
+// back to back had every page after the first refused once, then retried
+// after a backoff of 1-1.5 intervals: a lone replica's takeover of 5,000
+// nodes made 19 ListENIs calls for 5 pages' worth of two lists.
 func (c *Client) takeTokens(ctx context.Context, op, resource string, st *callState) error {
 	var waited time.Duration
 	var err error
+	urgent := ctx.Value(urgentKey{}) != nil
 	if ol := c.opLimits[op]; ol != nil && !st.throttled {
 		switch {
-		case ctx.Value(urgentKey{}) != nil:
+		case urgent:
 			ol.TryTake() // spent if there, so housekeeping yields; never waited for
 		case ctx.Value(noWaitKey{}) != nil:
 			if !ol.TryTake() {
@@ -340,6 +355,16 @@ func (c *Client) takeTokens(ctx context.Context, op, resource string, st *callSt
 			}
 		default:
 			waited, err = ol.Wait(ctx)
+		}
+	}
+	if pace := c.paces[op]; pace != nil && err == nil {
+		if urgent {
+			var w time.Duration
+			w, err = pace.Wait(ctx)
+			waited += w
+		} else {
+			// Counted, never waited for: the share above paces these.
+			pace.TryTake()
 		}
 	}
 	if err == nil {
@@ -353,6 +378,12 @@ func (c *Client) takeTokens(ctx context.Context, op, resource string, st *callSt
 	}
 	return nil
 }
+
+// paceMargin keeps an operation's pace a little under BCE's limit: BCE
+// debits its bucket when a request arrives, later than the pace's token was
+// taken, and the next request may arrive sooner after it than the pace
+// spaced them.
+const paceMargin = 0.9
 
 // send makes the HTTP attempt, ended at the node permissions' deadline
 // (until) if there is one. It returns nil on success, else the classified

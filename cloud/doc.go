@@ -30,7 +30,9 @@
 // Per-operation limits (ListENIs: about one a second for the whole cluster)
 // are split the same way (SetOpShare). A call pods are waiting on (a
 // takeover's ENI list) is marked Urgent: it does not queue behind the share
-// at all, and bears more RateLimit answers before it gives up. Housekeeping
+// at all, only paces its pages at the operation's whole limit (sent faster,
+// BCE turns them away for certain), and bears more RateLimit answers before
+// it gives up. Housekeeping
 // marks its calls NoWait and skips a round rather than queue for a token, or
 // run while an Urgent call of the same operation is in flight or just ended.
 // ListENIs can keep only some instances' ENIs (ListENIsOptions.Instances),

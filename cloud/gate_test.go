@@ -3,6 +3,7 @@ package cloud_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -125,9 +126,14 @@ func TestThrottledRetry_TakesNoSecondOpToken(t *testing.T) {
 func TestUrgent_GoesAheadOfTheOpShare(t *testing.T) {
 	e := newEnv(t, envOpts{client: cloud.Config{Rate: 100, Burst: 50,
 		OpLimits: map[string]cloud.OpLimit{"ListENIs": {
-			Rate:  0.01,
+			Rate:  100,
 			Burst: 1,
-		}}}}) // one token per 100 s
+		}}}})
+	// This replica's share: one token per 100 s (the whole limit, which
+	// every call's pace follows, stays 100/s).
+	if err := e.client.SetOpShare(1e-4); err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	if _, err := e.client.ListENIs(cloud.Urgent(ctx), cloud.ListENIsOptions{VPCID: testVPC}); err != nil {
 		t.Fatal(err)
@@ -144,6 +150,43 @@ func TestUrgent_GoesAheadOfTheOpShare(t *testing.T) {
 	defer cancel2()
 	if _, err := e.client.ListENIs(shorter, cloud.ListENIsOptions{VPCID: testVPC}); cloud.ClassOf(err) != cloud.ClassCanceled {
 		t.Fatalf("ordinary call with the bucket empty: %v, want it to wait for its token (cut short)", err)
+	}
+}
+
+// An urgent list's pages are paced at the operation's whole limit, not sent
+// back to back: BCE turns away a page sent while this replica's own pages
+// have emptied its bucket, and the retry waits 1-1.5 intervals. (Without
+// the pace every page after the first was refused at least once.)
+func TestUrgent_PagesPacedAtTheOperationsLimit(t *testing.T) {
+	const qps = 2 // BCE's and the client's limit: a page every 500 ms
+	e := newEnv(t, envOpts{
+		sim: bcesim.Config{PageSize: 2, RateLimits: map[bcesim.Op]bcesim.RateLimit{bcesim.OpListENIs: {QPS: qps, Burst: 1}}},
+		client: cloud.Config{ThrottleBackoff: 5 * time.Millisecond,
+			OpLimits: map[string]cloud.OpLimit{"ListENIs": {Rate: qps, Burst: 1}}},
+	})
+	for i := range 7 {
+		createENI(t, e, fmt.Sprintf("c-1/i-x/node%d/00000%d", i, i), e.subnet)
+	}
+	// A replica's share, as with 3 replicas: the urgent list goes without it.
+	if err := e.client.SetOpShare(1.0 / 3); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second / qps) // BCE's bucket full again after the creates' setup
+	ops := func() bcesim.OpStats { return e.srv.Stats().Ops[bcesim.OpListENIs] }
+	before := ops()
+	got, err := e.client.ListENIs(cloud.Urgent(context.Background()), cloud.ListENIsOptions{VPCID: testVPC})
+	if err != nil || len(got) != 7 {
+		t.Fatalf("urgent list: %d ENIs, %v; want 7", len(got), err)
+	}
+	after := ops()
+	pages, refused := after.Calls-before.Calls-(after.Throttled-before.Throttled), after.Throttled-before.Throttled
+	if pages < 4 {
+		t.Fatalf("the list took %d pages: the test proves nothing", pages)
+	}
+	// One refusal is forgiven: a page's request can reach BCE late enough
+	// after its token that the next one arrives early (the pace's margin).
+	if refused > 1 {
+		t.Fatalf("BCE turned away %d of the urgent list's %d pages' attempts; want them paced (at most 1)", refused, pages)
 	}
 }
 

@@ -508,8 +508,7 @@ func (c *Client) skipped(op, resource, why string) error {
 // retries, batches of 1,000 nodes backed off and started over, and
 // serving every node took minutes. A page of a list already begun is
 // worth waiting for: with the default ThrottleRetries (3), an urgent call
-// now bears 60 refusals (a minute or more at ListENIs' interval: the
-// retries spread wider with each refusal, see throttleBackoff).
+// now bears 60 refusals (about a minute at ListENIs' interval).
 const urgentThrottleRetries = 20
 
 func (c *Client) throttleRetries(ctx context.Context) int {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/netip"
@@ -433,7 +432,7 @@ func (c *Client) retryAfter(ctx context.Context, op, resource string, e *Error, 
 		if st.throttles < c.throttleRetries(ctx) {
 			st.throttles++
 			st.throttled = true
-			backoff := c.throttleBackoff(op, st.throttles)
+			backoff := c.throttleBackoff(op)
 			c.log.Debug("bce throttled, backing off", "op", op, "resource", resource, "attempt", st.throttles, "backoff", backoff)
 			return backoff, true
 		}
@@ -518,27 +517,14 @@ func (c *Client) throttleRetries(ctx context.Context) int {
 	return c.cfg.ThrottleRetries
 }
 
-// throttleBackoff is the jittered wait before retrying, for the n-th time
-// (from 1), a call BCE answered RateLimit: ThrottleBackoff × [1, 6), and for
-// an operation with a cluster-wide limit at least its interval × [1, 1 + s),
-// since BCE's bucket for it refills no sooner (ListENIs: 1/s). The spread s
-// is 0.5 at the first refusal and doubles with each one after, up to the
-// number of replicas the limit is shared by (1 / this replica's share): a
-// refused call's rivals are, at most, the other replicas' calls, and when 5
-// replicas' lists all retried within 1.5 intervals, most of their attempts
-// were refused again (a 5-replica cold start on 1,000 nodes: 151 ListENIs
-// calls for 25 pages).
-func (c *Client) throttleBackoff(op string, n int) time.Duration {
+// throttleBackoff is the jittered wait before retrying a call BCE answered
+// RateLimit: ThrottleBackoff × [1, 6), and for an operation with a
+// cluster-wide limit at least its interval × [1, 1.5), since BCE's bucket for
+// it refills no sooner (ListENIs: 1/s).
+func (c *Client) throttleBackoff(op string) time.Duration {
 	d := time.Duration(float64(c.cfg.ThrottleBackoff) * (1 + 5*rand.Float64()))
 	if l, ok := c.cfg.OpLimits[op]; ok && l.Rate > 0 {
-		rivals := 1.0
-		if ol := c.opLimits[op]; ol != nil {
-			if share, _ := ol.Rate(); share > 0 {
-				rivals = max(1, l.Rate/share)
-			}
-		}
-		spread := min(0.5*math.Pow(2, float64(max(0, n-1))), rivals)
-		d = max(d, time.Duration(float64(time.Second)/l.Rate*(1+spread*rand.Float64())))
+		d = max(d, time.Duration(float64(time.Second)/l.Rate*(1+0.5*rand.Float64())))
 	}
 	return d
 }

@@ -11,7 +11,7 @@
 # Load: a host-side kubelet-sim plays 6 simulated BCC nodes (renewing their
 # heartbeat Leases: without them kube-controller-manager marks the nodes
 # NotReady after 20 s, taints them unreachable, and marks and evicts their
-# pods, which once failed this suite in CI) and calls the CNI
+# pods: most likely what failed this suite once in CI) and calls the CNI
 # Service the way a node's CNI plugin does: through kube-proxy (the Service is
 # a NodePort here; the calls go to the control-plane node's port, so readiness
 # gating and endpoint changes are the cluster's own), on a new connection per
@@ -78,8 +78,10 @@ for _ in $(seq 1 100); do
 done
 [ -n "$metrics" ] || fail "kubelet-sim did not log its metrics address:" "$WORK/kubelet-sim.log"
 log "kubelet-sim metrics at $metrics"
+# sim_nodes_ready: how many of the simulated nodes are Ready.
+sim_nodes_ready() { kubectl get nodes -l kubeletsim.cce-ipam.io/simulator=rollout --no-headers 2>/dev/null | grep -c ' Ready' || true; }
 for _ in $(seq 1 120); do
-	[ "$(kubectl get nodes -l kubeletsim.cce-ipam.io/simulator=rollout --no-headers 2>/dev/null | grep -c ' Ready')" = 6 ] && break
+	[ "$(sim_nodes_ready)" = 6 ] && break
 	sleep 1
 done
 cat <<YAML | kubectl apply -f - >/dev/null
@@ -161,7 +163,7 @@ wait_ring() {
 }
 check() { # name
 	local total failed ready
-	ready=$(kubectl get nodes -l kubeletsim.cce-ipam.io/simulator=rollout --no-headers 2>/dev/null | grep -c ' Ready' || true)
+	ready=$(sim_nodes_ready)
 	[ "$ready" = 6 ] || fail "$1: $ready of the 6 simulated nodes are Ready (kubelet-sim's node heartbeats lapsed?)"
 	total=$(( $(calls AllocateIP "") + $(calls ReleaseIP "") ))
 	failed=$(( $(failed_total) - FAILED_BASE ))

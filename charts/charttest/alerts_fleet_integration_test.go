@@ -62,10 +62,6 @@ import (
 //     default threshold of 32 free IPs; not undone);
 //   - CCEIPAMNoReplicaUp: every replica SIGSTOPped.
 func TestChart_AlertsFireOnFleet(t *testing.T) {
-	// The package's longest test (~5 min, mostly waiting for alerts), on a
-	// control plane of its own: it runs beside TestChart_FleetUnderPrometheus,
-	// the other parallel test, once the package's sequential tests are done.
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 14*time.Minute)
 	defer cancel()
 	promBin, err := exec.LookPath("prometheus")

@@ -81,10 +81,6 @@ const (
 //     dashboard must return data, and promtool must accept each /metrics.
 //  5. No replica may log "forbidden".
 func TestChart_FleetUnderPrometheus(t *testing.T) {
-	// Parallel with TestChart_AlertsFireOnFleet only (its control plane is
-	// its own): the shared control plane's other tests, which also run
-	// replicas that watch every Node, are sequential and done by then.
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	promBin, err := exec.LookPath("prometheus")

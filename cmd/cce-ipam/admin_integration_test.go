@@ -32,7 +32,6 @@ import (
 // once), the pod gets Events naming the user and the reason, and a request
 // without a valid signature changes nothing.
 func TestAdmin_AllocateRelease(t *testing.T) {
-	t.Parallel()
 	// No GC pass during the test: the release of a deleted pod's IP below
 	// must find its wep still there.
 	e := startShards(t, fleet.Options{Name: "admin", Replicas: 3, ReplicaArgs: []string{"--gc-period", "1h"}}, 6)

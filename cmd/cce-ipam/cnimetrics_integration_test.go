@@ -39,7 +39,6 @@ func (e *shardFleet) hopCounts() hopCounts {
 // allocation creates a wep). Before the hop label, the plain sum counted
 // every forwarded call twice.
 func TestReplicas_CNIMetricsCountEachCallOnce(t *testing.T) {
-	t.Parallel()
 	e := startShards(t, fleet.Options{
 		Name:     "hops",
 		Replicas: 3,

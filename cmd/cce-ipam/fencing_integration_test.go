@@ -25,7 +25,6 @@ import (
 // write already on the wire: once released, the Create is sent without the
 // lease deadline as its context deadline, so the client cannot recall it.
 func TestSharding_FrozenWEPCreateRefusedByAPIServer(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	freeze := func(index int) string { return filepath.Join(dir, "freeze-"+strconv.Itoa(index)) }
 	e := startShards(t, fleet.Options{

@@ -24,7 +24,6 @@ import (
 // on the ENI of the node it runs on, and no stranger on the node it left
 // gets it.
 func TestSharding_FixedIPMovesAcrossReplicas(t *testing.T) {
-	t.Parallel()
 	e := startShards(t, fleet.Options{
 		Name:     "fixedmove",
 		Replicas: 2,

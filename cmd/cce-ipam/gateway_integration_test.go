@@ -35,8 +35,6 @@ import (
 // bce-sim plays the gateway: it sees the gateway headers and refuses a
 // wrong token, which the replica reports without crashing.
 func TestBinaries_ReferenceArgsThroughCCEGateway(t *testing.T) {
-	t.Parallel()
-	cp := controlPlanes.Get(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := cp.InstallCRDs(ctx, filepath.Join("..", "..", "charts", "cce-ipam", "crds")); err != nil {
@@ -63,7 +61,7 @@ func TestBinaries_ReferenceArgsThroughCCEGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	kube, _ := nodeWithENI(t, ctx, cp, client, "gw")
+	kube, _ := nodeWithENI(t, ctx, client, "gw")
 
 	expiredAt := strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)
 	setSecret := func(tok string) {

@@ -34,21 +34,10 @@ import (
 	"github.com/cce-ipam/sharded/ipamcore/rpc"
 )
 
-// controlPlanes are the control planes this package's tests share, each
-// test one to itself at a time (cluster.Pool: replicas watch every Node).
-// The tests run in parallel (t.Parallel; -parallel, GOMAXPROCS by default,
-// at once): they wait on gossip, Leases and watches far more than they
-// compute, so two control planes halve the package's time. A test takes one
-// with controlPlanes.Get (startShards does) and keeps to a namespace of its
-// own (cp.Namespace, which also scopes its fleet's Leases and wep fencing
-// policy).
-var controlPlanes *cluster.Pool
-
-// controlPlaneCount is how many control planes the package starts.
-const controlPlaneCount = 2
+var cp *cluster.Cluster
 
 func TestMain(m *testing.M) {
-	os.Exit(cluster.RunTestsOnPool(m, cluster.Options{}, controlPlaneCount, &controlPlanes))
+	os.Exit(cluster.RunTests(m, cluster.Options{}, &cp))
 }
 
 // startProcess runs a binary under e2e/supervisor, killed when the test
@@ -96,8 +85,6 @@ func buildBinary(t *testing.T, pkg string) string {
 // cce-ipam with flags and a kubeconfig. A pod on a BCC node gets an IP over
 // gRPC, /readyz and /metrics answer, and SIGTERM stops the replica cleanly.
 func TestBinaries_AllocateThroughProcess(t *testing.T) {
-	t.Parallel()
-	cp := controlPlanes.Get(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := cp.InstallCRDs(ctx, filepath.Join("..", "..", "charts", "cce-ipam", "crds")); err != nil {
@@ -130,7 +117,7 @@ func TestBinaries_AllocateThroughProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	kube, eni := nodeWithENI(t, ctx, cp, client, "bin")
+	kube, eni := nodeWithENI(t, ctx, client, "bin")
 	ns := cp.Namespace(t)
 	if _, err := kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},
@@ -307,7 +294,7 @@ func httpGet(t *testing.T, url string) string {
 // subnet sbn-<name> attached (in bce-sim, through client), and returns the
 // admin clientset and the ENI's ID. Other tests of this package share the API server: the
 // node is deleted when the test ends.
-func nodeWithENI(t *testing.T, ctx context.Context, cp *cluster.Cluster, client *cloud.Client, name string) (kubernetes.Interface, string) {
+func nodeWithENI(t *testing.T, ctx context.Context, client *cloud.Client, name string) (kubernetes.Interface, string) {
 	t.Helper()
 	node, instance := "node-"+name, "i-"+name+"-0"
 	eni, err := client.CreateENI(ctx, cloud.CreateENIRequest{

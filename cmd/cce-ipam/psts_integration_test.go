@@ -27,7 +27,6 @@ import (
 // same waves over three subnets give the throughput to compare with
 // (logged): one busy subnet must not serialise the cluster.
 func TestSharding_PSTSExclusiveSubnetAcrossReplicas(t *testing.T) {
-	t.Parallel()
 	e := startShards(t, fleet.Options{
 		Name:            "psts",
 		Replicas:        3,

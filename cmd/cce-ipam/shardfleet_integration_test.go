@@ -44,7 +44,6 @@ type shardFleet struct {
 // nodes nodes.
 func startShards(t *testing.T, o fleet.Options, nodes int) *shardFleet {
 	t.Helper()
-	cp := controlPlanes.Get(t)
 	e := &shardFleet{
 		t:  t,
 		ns: cp.Namespace(t),

@@ -34,7 +34,6 @@ import (
 // Nodes spread over the replicas, and a CNI call to any replica is served
 // by the node's owner.
 func TestSharding_SpreadAndForward(t *testing.T) {
-	t.Parallel()
 	e := startShards(t, fleet.Options{
 		Name:     "spread",
 		Replicas: 3,
@@ -124,7 +123,6 @@ func TestSharding_SpreadAndForward(t *testing.T) {
 // A forward header that was not signed with the cluster's key is refused;
 // so is a replica with another gossip key (it cannot join).
 func TestSharding_ForgedForwardAndWrongKey(t *testing.T) {
-	t.Parallel()
 	e := startShards(t, fleet.Options{Name: "forged"}, 2)
 	r0 := e.Replica(0)
 	e.settle(60 * time.Second)
@@ -250,7 +248,6 @@ func collect(results <-chan result) (func() []result, *sync.WaitGroup) {
 // SIGKILL the replica owning the most nodes while allocations stream in:
 // its nodes allocate again (measured), no IP is held twice, none is lost.
 func TestSharding_KillFailover(t *testing.T) {
-	t.Parallel()
 	e := startShards(t, fleet.Options{
 		Name:     "kill",
 		Replicas: 3,
@@ -336,7 +333,6 @@ func TestSharding_KillFailover(t *testing.T) {
 // its nodes over and allocate on them; calls queued at the paused replica
 // are served after SIGCONT without it allocating on its lost claims.
 func TestSharding_PausedReplicaIsFenced(t *testing.T) {
-	t.Parallel()
 	e := startShards(t, fleet.Options{
 		Name:     "paused",
 		Replicas: 3,
@@ -460,7 +456,6 @@ func TestSharding_PausedReplicaIsFenced(t *testing.T) {
 // through the replicas that stay: about 1/N of the nodes move each time, no
 // call fails, and bce-sim never sees more than rate + burst calls in a second.
 func TestSharding_JoinLeaveGraceful(t *testing.T) {
-	t.Parallel()
 	e := startShards(t, fleet.Options{
 		Name:     "joinleave",
 		Replicas: 3,
@@ -610,7 +605,6 @@ func moved(a, b map[string]string) int {
 // never sum above the budget, and bce-sim never sees more than rate + burst
 // in a second.
 func TestSharding_BusyReplicaBorrowsBudget(t *testing.T) {
-	t.Parallel()
 	e := startShards(t, fleet.Options{
 		Name:        "borrow",
 		Replicas:    3,
@@ -690,7 +684,6 @@ func TestSharding_BusyReplicaBorrowsBudget(t *testing.T) {
 // A DEL for a pod whose node was deleted cannot be routed (no replica owns a
 // node that does not exist): it is answered at once, and the wep goes.
 func TestSharding_ReleaseOnDeletedNode(t *testing.T) {
-	t.Parallel()
 	e := startShards(t, fleet.Options{Name: "deleted"}, 2)
 	r := e.Replica(0)
 	e.settle(60 * time.Second)
@@ -726,7 +719,6 @@ func TestSharding_ReleaseOnDeletedNode(t *testing.T) {
 // that no query leaves the machine). They find each other through the
 // gossip addresses in their Leases and form one ring.
 func TestSharding_ColdStartWithoutDNSFormsOneRing(t *testing.T) {
-	t.Parallel()
 	e := startShards(t, fleet.Options{
 		Name:        "nodns",
 		Replicas:    3,

@@ -92,10 +92,6 @@ type Cluster struct {
 	procs     []*supervisor.Process // in start order; stopped in reverse
 	closeOnce sync.Once
 	closeErr  error
-	// crdMu serialises CRD installs: tests that share the control plane
-	// run in parallel, and two installs racing on one CRD would answer
-	// AlreadyExists or Conflict.
-	crdMu sync.Mutex
 }
 
 // Start launches a control plane and waits until it serves. On error every

@@ -31,8 +31,6 @@ func (c *Cluster) InstallMissingCRDs(ctx context.Context, dir string) error {
 }
 
 func (c *Cluster) installCRDs(ctx context.Context, dir string, update bool) error {
-	c.crdMu.Lock()
-	defer c.crdMu.Unlock()
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
 		return err

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -35,63 +34,6 @@ func RunTests(m *testing.M, opts Options, out **Cluster) int {
 		fmt.Fprintf(os.Stderr, "stop control plane: %v\n", err)
 		if code == 0 {
 			code = 1
-		}
-	}
-	return code
-}
-
-// Pool is a set of control planes that the tests of one package take in
-// turn. A test that runs cce-ipam replicas needs a control plane to itself:
-// the replicas watch every Node, so a fleet would see (and try to serve)
-// another test's nodes. With several control planes such tests run in
-// parallel (t.Parallel), one per control plane at a time.
-type Pool struct {
-	free chan *Cluster
-}
-
-// Get blocks until one of the pool's control planes is free, gives it to t
-// and takes it back when t ends.
-func (p *Pool) Get(t testing.TB) *Cluster {
-	t.Helper()
-	c := <-p.free
-	t.Cleanup(func() { p.free <- c })
-	return c
-}
-
-// RunTestsOnPool is RunTests with n control planes (started at once) in a
-// Pool stored in *out. Any that fails to start fails the package.
-func RunTestsOnPool(m *testing.M, opts Options, n int, out **Pool) int {
-	started := make([]*Cluster, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for k := range n {
-		wg.Go(func() { started[k], errs[k] = Start(context.Background(), opts) })
-	}
-	wg.Wait()
-	pool := &Pool{free: make(chan *Cluster, n)}
-	code := 0
-	if err := errors.Join(errs...); err != nil {
-		fmt.Fprintf(os.Stderr, "start control planes: %v\n", err)
-		code = 1
-	} else {
-		for _, c := range started {
-			pool.free <- c
-		}
-		*out = pool
-		code = m.Run()
-	}
-	for k, c := range started {
-		if c == nil {
-			continue
-		}
-		if code != 0 {
-			fmt.Fprintf(os.Stderr, "control plane %d, logs (tails):\n%s", k, c.Logs(20))
-		}
-		if err := c.Close(); err != nil {
-			fmt.Fprintf(os.Stderr, "stop control plane %d: %v\n", k, err)
-			if code == 0 {
-				code = 1
-			}
 		}
 	}
 	return code

@@ -413,6 +413,56 @@ func newLedger(t *testing.T, e *env) *ipclaim.Ledger {
 	return l
 }
 
+// frozenLedger is newLedger whose informer stops once synced: its cache
+// never sees a claim made after that, as a cache lagging under load.
+func frozenLedger(t *testing.T, e *env) *ipclaim.Ledger {
+	t.Helper()
+	client := versioned.NewForConfigOrDie(cp.Config)
+	factory := cceinformers.NewSharedInformerFactory(client, 0)
+	l := ipclaim.New(ipclaim.DefaultConfig(), client, factory.Cce().V1alpha1().IPClaims(), nil, nil, nil)
+	ctx, cancel := context.WithCancel(e.ctx)
+	factory.Start(ctx.Done())
+	eventually(t, 10*time.Second, "the claim informer synced", l.HasSynced)
+	cancel()
+	factory.Shutdown()
+	return l
+}
+
+// The DEL of a Manual PSTS pod frees its address's claim even when the
+// replica's claim cache has not seen the claim (it lags the API server
+// under load): the release must not decide from the cache alone, or the
+// claim stays held by a pod that is gone until the claim keeper's grace
+// passes, and no other pod can have the address meanwhile.
+func TestPSTS_DELFreesTheClaimTheCacheHasNotSeen(t *testing.T) {
+	e := newEnv(t, "plag", 1, testConfig(func(c *ipam.Config) {
+		c.IdleMin = 1
+		c.IdleMax = 6
+		c.PoolCheckPeriod = 200 * time.Millisecond
+	}))
+	e.stop() // the env's own IPAM: replaced by one with a frozen claim cache
+	a, _ := runIPAMWith(t, e, ipam.Deps{Kube: e.kube, CCE: e.cce, Cloud: e.cloud, Claims: frozenLedger(t, e)})
+	if err := a.ServeNode(e.ctx, e.nodes[0]); err != nil {
+		t.Fatal(err)
+	}
+	pe := &pstsEnv{env: e, a: a, ca: serveCNI(t, a)}
+	pe.addSubnet("sbn-plag-m", "10.29.0.0/24", true)
+	pe.createPSTS("lag", map[string]cce.SubnetAllocation{"sbn-plag-m": {
+		IPAllocationStrategy: cce.IPAllocationStrategy{Type: cce.IPAllocTypeManual},
+		IPv4:                 []string{"10.29.0.7"}}}, nil)
+	p := pe.createPSTSPod("lag-a", e.nodes[0], "lag", nil, "c-lag")
+	addr := pe.add(p).IP
+	if h := pe.claimHolder(addr); h != e.ns+"/lag-a" {
+		t.Fatalf("claim of %s held by %q after the ADD, want %s/lag-a", addr, h, e.ns)
+	}
+	pe.del(p)
+	if pe.onENI(e.nodes[0], addr) {
+		t.Errorf("%s still on the node's ENI after its DEL", addr)
+	}
+	if h := pe.claimHolder(addr); h != "" {
+		t.Fatalf("claim of %s held by %q after the DEL, want free", addr, h)
+	}
+}
+
 func cloudCross(subnetID, addr string) cloud.CrossSubnetAddRequest {
 	return cloud.CrossSubnetAddRequest{SubnetID: subnetID, IPs: []string{addr}}
 }

@@ -61,8 +61,25 @@ func (i *IPAM) freePSTSAddress(ctx context.Context, n *node, wep *cce.WorkloadEn
 	if onNode {
 		eniID = cur.ENIID
 	}
-	_, claimed := i.claimOf(addr, pod)
-	i.dropPSTS(ctx, n, pod, addr, eniID, claimed)
+	i.dropPSTS(ctx, n, pod, addr, eniID, i.mayHoldClaim(addr, pod, wep.Spec.SubnetID))
+}
+
+// mayHoldClaim reports whether pod may hold the claim of addr, so that its
+// release must free it: the ledger's cache says so, or the address is of an
+// exclusive subnet (whose addresses are claimed), where the cache may not
+// have seen the pod's claim yet under load. Free then reads the claim from
+// the API server when its cache disagrees, and changes it only if pod holds
+// it. Deciding from the cache alone left such a claim held by a gone pod
+// until the claim keeper freed it (TestPSTS_DELFreesTheClaimTheCacheHasNotSeen).
+func (i *IPAM) mayHoldClaim(addr netip.Addr, pod datastore.PodKey, subnetID string) bool {
+	if _, held := i.claimOf(addr, pod); held {
+		return true
+	}
+	if i.deps.Claims == nil {
+		return false
+	}
+	sn := i.subnetCR(subnetID)
+	return sn != nil && sn.Spec.Exclusive
 }
 
 // claimOf reports whether the ledger knows a claim of addr held by pod (no
@@ -195,7 +212,7 @@ func (i *IPAM) collectPSTS(ctx context.Context, w *cce.WorkloadEndpoint, kind st
 	}
 	if n, served := i.node(w.Spec.Node); served {
 		i.freePSTSAddress(ctx, n, w, addr)
-	} else if _, claimed := i.claimOf(addr, datastore.PodKey{Namespace: w.Namespace, Name: w.Name}); claimed {
+	} else if i.mayHoldClaim(addr, datastore.PodKey{Namespace: w.Namespace, Name: w.Name}, w.Spec.SubnetID) {
 		// A deleted node's: its ENIs go with it (the leaked-ENI sweep).
 		if err := i.deps.Claims.Free(ctx, addr, ipclaim.Holder{Namespace: w.Namespace, Name: w.Name}); err != nil {
 			i.log.Warn("gc: could not free the claim of a deleted node's PSTS address", "ip", addr, "err", err)

@@ -102,6 +102,10 @@ func TestIPAM_TakeoverFromAListReadAhead(t *testing.T) {
 func TestIPAM_ListReadAheadExpires(t *testing.T) {
 	e := newEnv(t, "hoexpire", 1, testConfig(func(c *ipam.Config) {}))
 	node := e.nodes[0]
+	// The node has addresses before the hand-over (under load the first
+	// owner's pool may not have grown yet), so that serving it with none
+	// below means the takeover lost them.
+	eventually(t, 15*time.Second, "the pool filled", func() bool { return e.stats(node).Total > 0 })
 	e.stop()
 	lists := func() int64 { return e.sim.Stats().Ops[bcesim.OpListENIs].Calls }
 	var before int64

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -399,17 +400,7 @@ func TestPSTS_AdoptsReferenceFixedWEP(t *testing.T) {
 // (each replica watches the claims itself), running until the test ends.
 func newLedger(t *testing.T, e *env) *ipclaim.Ledger {
 	t.Helper()
-	client := versioned.NewForConfigOrDie(cp.Config)
-	factory := cceinformers.NewSharedInformerFactory(client, 0)
-	cfg := ipclaim.DefaultConfig()
-	l := ipclaim.New(cfg, client, factory.Cce().V1alpha1().IPClaims(), nil, nil, nil)
-	ctx, cancel := context.WithCancel(e.ctx)
-	factory.Start(ctx.Done())
-	t.Cleanup(func() {
-		cancel()
-		factory.Shutdown()
-	})
-	eventually(t, 10*time.Second, "the claim informer synced", l.HasSynced)
+	l, _ := syncedLedger(t, e)
 	return l
 }
 
@@ -417,15 +408,30 @@ func newLedger(t *testing.T, e *env) *ipclaim.Ledger {
 // never sees a claim made after that, as a cache lagging under load.
 func frozenLedger(t *testing.T, e *env) *ipclaim.Ledger {
 	t.Helper()
+	l, stop := syncedLedger(t, e)
+	stop()
+	return l
+}
+
+// syncedLedger starts a ledger on an informer of its own, stopped when the
+// test ends or by the function it returns, and waits for its first sync.
+func syncedLedger(t *testing.T, e *env) (*ipclaim.Ledger, func()) {
+	t.Helper()
 	client := versioned.NewForConfigOrDie(cp.Config)
 	factory := cceinformers.NewSharedInformerFactory(client, 0)
 	l := ipclaim.New(ipclaim.DefaultConfig(), client, factory.Cce().V1alpha1().IPClaims(), nil, nil, nil)
 	ctx, cancel := context.WithCancel(e.ctx)
 	factory.Start(ctx.Done())
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			factory.Shutdown()
+		})
+	}
+	t.Cleanup(stop)
 	eventually(t, 10*time.Second, "the claim informer synced", l.HasSynced)
-	cancel()
-	factory.Shutdown()
-	return l
+	return l, stop
 }
 
 // The DEL of a Manual PSTS pod frees its address's claim even when the

@@ -233,7 +233,7 @@ type kubeClients struct {
 	meta metadata.Interface
 }
 
-func newKubeClients(o options, log *slog.Logger, throttled *throttleCounter) (kubeClients, error) {
+func newKubeClients(o options, log *slog.Logger, throttled *throttleCounter, retries *admissionRetries) (kubeClients, error) {
 	restCfg, err := kubeConfig(o.kubeconfig)
 	if err != nil {
 		return kubeClients{}, err
@@ -261,6 +261,9 @@ func newKubeClients(o options, log *slog.Logger, throttled *throttleCounter) (ku
 	throttled.wrap(probeCfg, "probe")
 	throttled.wrap(watchCfg, "watch")
 	throttled.wrap(metaCfg, "metadata")
+	// The wep writes (the fencing policy's) go through the main client. The
+	// fence probes keep the API server's first answer: they read it.
+	retries.wrap(restCfg, "main")
 	return kubeClients{
 		meta:  metadata.NewForConfigOrDie(metaCfg),
 		kube:  kubernetes.NewForConfigOrDie(restCfg),
@@ -307,7 +310,7 @@ func newReplica(o options, log *slog.Logger) (_ *replica, err error) {
 	if !hooked {
 		log.Warn("client-go's metrics hooks were set elsewhere in the process; cce_ipam_kube_api_* stay empty")
 	}
-	clients, err := newKubeClients(o, log, newThrottleCounter(reg))
+	clients, err := newKubeClients(o, log, newThrottleCounter(reg), newAdmissionRetries(reg, log))
 	if err != nil {
 		return nil, err
 	}

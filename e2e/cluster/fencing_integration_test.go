@@ -4,11 +4,13 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,8 +18,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/cce-ipam/sharded/ipamcore/admissionretry"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
 )
@@ -193,4 +197,102 @@ func TestFencingPolicy_RefusesStaleTokensAndCost(t *testing.T) {
 	if err := replica.Delete(ctx, w.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &stamped.ResourceVersion}}); err != nil {
 		t.Errorf("the new holder's delete after its stamp: %v", err)
 	}
+}
+
+// A wep write the API server refuses only because the fencing policy's
+// binding could not load its param (here: the partition's claim Lease does
+// not exist yet; under load: the server's own read of it timed out) is
+// refused with "failed to configure binding" by a plain client, and goes
+// through with the replica's retrying transport (ipamcore/admissionretry)
+// once the param appears within the request's deadline. The policy's own
+// refusal ("fenced: …") is returned at once, not retried.
+func TestFencingPolicy_UnconfiguredRefusalRetried(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := shared.InstallCRDs(ctx, filepath.Join("..", "..", "charts", "cce-ipam", "crds")); err != nil {
+		t.Fatal(err)
+	}
+	ns := shared.Namespace(t)
+	_, remove, err := shared.InstallFencingPolicy(ctx, filepath.Join("..", "..", "charts", "cce-ipam"), ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer remove()
+	const p = 7 // no claim Lease yet
+	wep := func(name, holder string) *cce.WorkloadEndpoint {
+		return &cce.WorkloadEndpoint{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: name, Namespace: ns,
+				Labels:      map[string]string{"cce.io/fence-partition": strconv.Itoa(p)},
+				Annotations: map[string]string{"cce.io/fence-holder": holder, "cce.io/fence-epoch": "1"},
+			},
+			Spec: cce.WorkloadEndpointSpec{ContainerID: "c", IP: "10.0.0.1", Type: cce.WorkloadEndpointTypePod, Node: "n"},
+		}
+	}
+	plain := versioned.NewForConfigOrDie(shared.ReplicaConfig).CceV1alpha1().WorkloadEndpoints(ns)
+	var retries []admissionretry.Retried
+	var mu sync.Mutex
+	cfg := rest.CopyConfig(shared.ReplicaConfig)
+	admissionretry.Wrap(cfg, func(r admissionretry.Retried) {
+		mu.Lock()
+		defer mu.Unlock()
+		retries = append(retries, r)
+	})
+	retrying := versioned.NewForConfigOrDie(cfg).CceV1alpha1().WorkloadEndpoints(ns)
+	retried := func() []admissionretry.Retried {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(retries)
+	}
+
+	// The premise: the API server words it so, and a plain client fails.
+	_, err = plain.Create(ctx, wep("plain", "r0"), metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "failed to configure binding") {
+		t.Fatalf("a wep of a partition without a claim, plain client: %v, want refused for the unloadable param", err)
+	}
+	t.Logf("the refusal as the API server words it (HTTP %d): %v", codeOf(err), err)
+
+	// Within a deadline that the Lease beats: retried until admitted.
+	leases := kubernetes.NewForConfigOrDie(shared.Config).CoordinationV1().Leases(ns)
+	claimed := make(chan struct{})
+	defer func() { <-claimed }()
+	go func() {
+		defer close(claimed)
+		time.Sleep(time.Second)
+		_, err := leases.Create(ctx, &coordv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: "cce-ipam-partition-" + strconv.Itoa(p), Labels: map[string]string{"cce.io/shard-object": "partition"}},
+			Spec:       coordv1.LeaseSpec{HolderIdentity: ptr.To("r0"), LeaseTransitions: ptr.To(int32(1))},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Errorf("create the claim: %v", err)
+		}
+	}()
+	callCtx, callCancel := context.WithTimeout(ctx, 10*time.Second)
+	defer callCancel()
+	start := time.Now()
+	if _, err := retrying.Create(callCtx, wep("retried", "r0"), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the same write with the retrying transport, claim created after 1 s: %v", err)
+	}
+	got := retried()
+	if len(got) == 0 || !strings.Contains(got[0].Message, "failed to configure binding") {
+		t.Fatalf("retries %+v, want the unconfigured refusals retried", got)
+	}
+	t.Logf("admitted after %v and %d retries", time.Since(start), len(got))
+
+	// The policy's own refusal is not retried.
+	_, err = retrying.Create(callCtx, wep("other-holder", "r1"), metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "fenced:") {
+		t.Fatalf("a write under another holder's token: %v, want refused by the policy", err)
+	}
+	if n := len(retried()); n != len(got) {
+		t.Fatalf("the policy's refusal was retried (%d retries, was %d)", n, len(got))
+	}
+}
+
+func codeOf(err error) int32 {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return status.Status().Code
+	}
+	return 0
 }

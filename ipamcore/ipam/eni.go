@@ -22,10 +22,15 @@ import (
 )
 
 // Attach polling: BCE attaches asynchronously (attaching → inuse); the
-// reference polls for up to 50 s.
+// reference waits 5 s, then polls every 5 s for up to 50 s. Pods of a burst
+// that outgrew the node's ENIs wait for the attach, so the polls start
+// 100 ms apart and double up to 1 s: an attach that takes a second costs
+// a GetENI or two more than polling every second, and is seen at most
+// 100–1000 ms after it happened, not up to a second.
 const (
-	attachPoll    = time.Second
-	attachTimeout = 50 * time.Second
+	attachPollFirst = 100 * time.Millisecond
+	attachPollMax   = time.Second
+	attachTimeout   = 50 * time.Second
 )
 
 // createENI creates an ENI for the node in a subnet of its top-priority
@@ -142,6 +147,7 @@ func (i *IPAM) attach(ctx context.Context, eniID, instanceID string) (*cloud.ENI
 		return nil, err
 	}
 	deadline := i.deps.Clock.Now().Add(attachTimeout)
+	wait := attachPollFirst
 	for {
 		eni, err := i.deps.Cloud.GetENI(ctx, eniID)
 		switch {
@@ -154,7 +160,8 @@ func (i *IPAM) attach(ctx context.Context, eniID, instanceID string) (*cloud.ENI
 		if i.deps.Clock.Now().After(deadline) {
 			return nil, fmt.Errorf("ENI not in use after %s", attachTimeout)
 		}
-		i.sleep(ctx, attachPoll)
+		i.sleep(ctx, wait)
+		wait = min(2*wait, attachPollMax)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}

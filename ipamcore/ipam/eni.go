@@ -24,9 +24,9 @@ import (
 // Attach polling: BCE attaches asynchronously (attaching → inuse); the
 // reference waits 5 s, then polls every 5 s for up to 50 s. Pods of a burst
 // that outgrew the node's ENIs wait for the attach, so the polls start
-// 100 ms apart and double up to 1 s: an attach that takes a second costs
-// a GetENI or two more than polling every second, and is seen at most
-// 100–1000 ms after it happened, not up to a second.
+// 100 ms after the attach call and double up to 1 s: an attach that takes
+// a second costs a GetENI or two more than polling every second, and is
+// seen 100 ms to 1 s after it happened.
 const (
 	attachPollFirst = 100 * time.Millisecond
 	attachPollMax   = time.Second
@@ -149,6 +149,14 @@ func (i *IPAM) attach(ctx context.Context, eniID, instanceID string) (*cloud.ENI
 	deadline := i.deps.Clock.Now().Add(attachTimeout)
 	wait := attachPollFirst
 	for {
+		// No poll straight after the call: BCE has not attached yet, and a
+		// GetENI spends the node owner's share of the budget that the
+		// burst's address batches wait for.
+		i.sleep(ctx, wait)
+		wait = min(2*wait, attachPollMax)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		eni, err := i.deps.Cloud.GetENI(ctx, eniID)
 		switch {
 		case err != nil:
@@ -159,11 +167,6 @@ func (i *IPAM) attach(ctx context.Context, eniID, instanceID string) (*cloud.ENI
 		}
 		if i.deps.Clock.Now().After(deadline) {
 			return nil, fmt.Errorf("ENI not in use after %s", attachTimeout)
-		}
-		i.sleep(ctx, wait)
-		wait = min(2*wait, attachPollMax)
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
 		}
 	}
 }

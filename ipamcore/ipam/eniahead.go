@@ -107,6 +107,14 @@ func (i *IPAM) createENIsAhead(run context.Context, servedNodes []string, enis [
 
 // startENIAhead starts one creation for the node on its own goroutine.
 func (i *IPAM) startENIAhead(run context.Context, name, reason string) bool {
+	return i.startENICreation(run, name, reason, true)
+}
+
+// startENICreation starts one creation for the node on its own goroutine,
+// unless one runs already (beginENI); ahead says it was asked by the
+// node's annotations (pre-attached count, warm IP target) rather than by a
+// pool that outgrows its ENIs (pool.go's balance).
+func (i *IPAM) startENICreation(run context.Context, name, reason string, ahead bool) bool {
 	ctx, n, done, ok := i.acquireWork(run, name)
 	if !ok {
 		return false
@@ -115,7 +123,11 @@ func (i *IPAM) startENIAhead(run context.Context, name, reason string) bool {
 		done()
 		return false
 	}
-	i.log.Info("creating an ENI ahead of demand", "node", name, "reason", reason)
+	what := "creating an ENI beside the pool's adds"
+	if ahead {
+		what = "creating an ENI ahead of demand"
+	}
+	i.log.Info(what, "node", name, "reason", reason)
 	i.workers.Add(1)
 	go func() {
 		defer i.workers.Done()
@@ -123,10 +135,12 @@ func (i *IPAM) startENIAhead(run context.Context, name, reason string) bool {
 		err := i.createENI(ctx, n)
 		n.endENI(i.deps.Clock.Now(), reason, err)
 		if err != nil {
-			i.log.Warn("creating an ENI ahead of demand failed", "node", name, "err", err)
+			i.log.Warn(what+" failed", "node", name, "err", err)
 			return
 		}
-		i.metrics.enisAhead.Inc()
+		if ahead {
+			i.metrics.enisAhead.Inc()
+		}
 		n.poke() // waiting allocations: the pool worker grows on the new ENI
 	}()
 	return true

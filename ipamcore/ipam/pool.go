@@ -78,6 +78,13 @@ func (i *IPAM) balance(ctx context.Context, n *node, reads settleReads) {
 			i.returnQueued(ctx, n)
 			return
 		}
+		if plan.NewENI && plan.WaitingShort > 0 && len(plan.Adds) > 0 {
+			// Allocations are waiting that the attached ENIs cannot serve
+			// even once full: the next ENI is created on the side while
+			// the adds fill them, so a burst's attach overlaps its adds
+			// instead of following them.
+			i.startENICreation(ctx, n.name, plan.ENIReason, false)
+		}
 		grew := i.grow(ctx, n, plan.Adds)
 		if plan.NewENI && !grew {
 			if !i.tryCreateENI(ctx, n, plan.ENIReason) {

@@ -34,10 +34,15 @@ const (
 // Config.Backoff.Fail and plan again. If NewENI is set, create and attach
 // one ENI.
 type GrowPlan struct {
-	Need  int    // addresses wanted now (0: the pool is warm enough)
-	Adds  []Add  // how to get them, fewest-address ENI first
-	Short int    // addresses no attached ENI can take now
-	Skips []Skip // ENIs passed over, and why
+	Need  int   // addresses wanted now (0: the pool is warm enough)
+	Adds  []Add // how to get them, fewest-address ENI first
+	Short int   // addresses no attached ENI can take now
+	// WaitingShort is how many of the allocations waiting now the attached
+	// ENIs cannot serve even once full (their idle addresses and all the
+	// room of those that can grow): they wait for a new ENI whatever else
+	// is added first.
+	WaitingShort int
+	Skips        []Skip // ENIs passed over, and why
 	// NewENI asks for another ENI; ENIReason says why, or why not.
 	NewENI    bool
 	ENIReason string
@@ -64,6 +69,13 @@ func PlanGrow(cfg Config, capc Capacity, st NodeState, backoff map[string]Backof
 		return cmp.Or(cmp.Compare(a.Total, b.Total), strings.Compare(a.ID, b.ID))
 	})
 	left := p.Need
+	room := 0 // of the ENIs that can grow now
+	for _, e := range enis {
+		if b := backoff[e.ID]; !e.SubnetExhausted && !b.Active(now) {
+			room += max(eniRoom(e, capc), 0)
+		}
+	}
+	p.WaitingShort = max(0, st.Waiting-idle-room)
 	for _, e := range enis {
 		if left == 0 {
 			break

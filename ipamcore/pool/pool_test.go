@@ -128,6 +128,9 @@ func TestPlanGrow(t *testing.T) {
 		skips     string
 		newENI    bool
 		eniReason string
+		// waitingShort: waiting allocations beyond every growable ENI's
+		// room and the idle addresses.
+		waitingShort int
 	}{
 		{
 			name: "warm enough: nothing",
@@ -154,6 +157,22 @@ func TestPlanGrow(t *testing.T) {
 			cfg:  &Config{MinIdle: 15, MaxIdle: 30, Batch: 10, TrimBatch: 10, Backoff: DefaultBackoffPolicy()},
 			st:   NodeState{ENIs: enis(ENIState{ID: "a", Capacity: 40}, ENIState{ID: "b", Capacity: 40})},
 			need: 15, adds: "a:10 b:5", eniReason: "enough room",
+		},
+		{
+			name: "waiting beyond all the enis' room: they wait for a new eni",
+			st:   NodeState{Waiting: 9, ENIs: enis(ENIState{ID: "a", Total: 4, Assigned: 4}, ENIState{ID: "b", Total: 5, Assigned: 5})},
+			need: 10, adds: "a:3 b:2", short: 5, newENI: true, eniReason: "cannot take", waitingShort: 4,
+		},
+		{
+			name: "idle addresses serve waiting allocations first",
+			st:   NodeState{Waiting: 3, ENIs: enis(ENIState{ID: "a", Total: 7, Idle: 2, Assigned: 5})},
+			need: 4, short: 4, skips: "a:eni-full", newENI: true, eniReason: "warm ip target", waitingShort: 1,
+		},
+		{
+			name:    "an eni in backoff lends no room to waiting allocations",
+			st:      NodeState{Waiting: 3, ENIs: enis(ENIState{ID: "b", Total: 1, Assigned: 1})},
+			backoff: map[string]Backoff{"b": {Failures: 1, Until: future, MaxBatch: 2}},
+			need:    4, short: 4, skips: "b:backoff", newENI: true, eniReason: "warm ip target", waitingShort: 3,
 		},
 		{
 			name: "exhausted subnet and backoff are skipped",
@@ -226,10 +245,10 @@ func TestPlanGrow(t *testing.T) {
 			for _, s := range p.Skips {
 				skips = append(skips, fmt.Sprintf("%s:%s", s.ENIID, s.Reason))
 			}
-			if p.Need != tc.need || strings.Join(adds, " ") != tc.adds || p.Short != tc.short ||
+			if p.Need != tc.need || strings.Join(adds, " ") != tc.adds || p.Short != tc.short || p.WaitingShort != tc.waitingShort ||
 				strings.Join(skips, " ") != tc.skips || p.NewENI != tc.newENI || !strings.Contains(p.ENIReason, tc.eniReason) {
-				t.Fatalf("plan = %+v\nwant need=%d adds=%q short=%d skips=%q newENI=%v reason~%q",
-					p, tc.need, tc.adds, tc.short, tc.skips, tc.newENI, tc.eniReason)
+				t.Fatalf("plan = %+v\nwant need=%d adds=%q short=%d waitingShort=%d skips=%q newENI=%v reason~%q",
+					p, tc.need, tc.adds, tc.short, tc.waitingShort, tc.skips, tc.newENI, tc.eniReason)
 			}
 			if total+p.Short != p.Need {
 				t.Fatalf("adds %d + short %d != need %d", total, p.Short, p.Need)

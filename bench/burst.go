@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cce-ipam/sharded/bench/report"
+	"github.com/cce-ipam/sharded/cloud"
 	"github.com/cce-ipam/sharded/cloud/bcesim"
 	"github.com/cce-ipam/sharded/shard"
 )
@@ -31,16 +32,21 @@ import (
 
 // burstRun is one burst's measurements.
 type burstRun struct {
-	name       string
-	pods       int
-	idleAt0    int             // idle addresses on the node when the burst began
-	enisAt0    int             // addresses the node's ENIs could still take (free slots)
-	took       []time.Duration // per pod, from the burst's start to its IP
-	all        time.Duration   // until the last pod had its IP
-	failed     int             // ADD attempts that failed and were retried
-	calls      map[bcesim.Op]int64
-	share      float64 // the owner's BCE rate share (calls/s) and burst
-	shareB     int64
+	name    string
+	pods    int
+	idleAt0 int             // idle addresses on the node when the burst began
+	enisAt0 int             // addresses the node's ENIs could still take (free slots)
+	took    []time.Duration // per pod, from the burst's start to its IP
+	all     time.Duration   // until the last pod had its IP
+	failed  int             // ADD attempts that failed and were retried
+	calls   map[bcesim.Op]int64
+	share   float64 // the owner's BCE rate share (calls/s) and burst
+	shareB  int64
+	// opShare is the owner's fraction of every per-operation limit (1/N of
+	// the replicas, shard.budget.setOpShare) and opLimits the cluster-wide
+	// table (the replicas' default, the upstream's: cloud.DefaultOpLimits).
+	opShare    float64
+	opLimits   map[string]cloud.OpLimit
 	apiFloor   time.Duration // pods bare wep creates, all at once
 	floor      time.Duration
 	floorNote  string
@@ -173,6 +179,9 @@ func (e *env) burstOnce(ctx context.Context, name, node string, n int, onFullENI
 	if sh, err := e.ownerShare(ctx, node); err == nil {
 		run.share, run.shareB = sh.Rate, sh.Burst
 	}
+	if n := len(e.running()); n > 0 {
+		run.opShare, run.opLimits = 1/float64(n), cloud.DefaultOpLimits()
+	}
 	// The API part of the floor: n bare wep creates, all at once.
 	_, elapsed, _, err := e.floorWave(ctx, n, n)
 	if err != nil {
@@ -262,13 +271,16 @@ func (e *env) ownerShare(ctx context.Context, node string) (shard.Share, error) 
 }
 
 // burstFloor is what the cloud limits and the API server allow at best:
-// the addresses the node lacks come in batches of batch, one BCE call each,
-// at the owner's budget share (its burst at once, then its rate); the
-// addresses beyond its ENIs' free slots need new ENIs of perENI secondary
+// the addresses the node lacks come in batches of batch, one BCE call each;
+// the addresses beyond its ENIs' free slots need new ENIs of perENI secondary
 // addresses each, a create and an attach call each and, once, attachDelay
 // (attached side by side); the pods' weps cost the bare creates of the same
-// burst. The parts are added: the IPAM needs the address before it writes
-// the wep, and a new ENI before its addresses.
+// burst, or of its last batch when calls wait. The calls wait for two
+// buckets: the owner's share of the budget (all calls), and its share of
+// each operation's own limit (the batches wait for BatchAddPrivateIP's:
+// with 3 replicas, a third of the upstream's 5/s); the slower decides. The
+// parts are added: the IPAM needs the address before it writes the wep, and
+// a new ENI before its addresses.
 func burstFloor(r burstRun, batch, perENI int, attachDelay time.Duration) (time.Duration, string) {
 	need := max(0, r.pods-r.idleAt0)
 	batches := int(math.Ceil(float64(need) / float64(max(1, batch))))
@@ -277,20 +289,51 @@ func burstFloor(r burstRun, batch, perENI int, attachDelay time.Duration) (time.
 		newENIs = int(math.Ceil(float64(short) / float64(max(1, perENI))))
 	}
 	calls := batches + 2*newENIs
-	var cloud time.Duration
-	if r.share > 0 {
-		over := max(0, float64(calls)-float64(r.shareB))
-		cloud = time.Duration(over / r.share * float64(time.Second))
+	// wait is how long n calls take from a full bucket of rate and burst.
+	wait := func(n int, rate float64, burst int64) time.Duration {
+		if rate <= 0 {
+			return 0
+		}
+		return time.Duration(max(0, float64(n)-float64(burst)) / rate * float64(time.Second))
+	}
+	cloudWait := wait(calls, r.share, r.shareB)
+	bound := fmt.Sprintf("%d BCE calls at the owner's share of %s/s with a burst of %d: %s",
+		calls, report.Num(r.share, 2), r.shareB, cloudWait.Round(time.Millisecond))
+	for _, op := range []struct {
+		name string
+		n    int
+	}{{"BatchAddPrivateIP", batches}, {"CreateENI", newENIs}, {"AttachENI", newENIs}} {
+		l, ok := r.opLimits[op.name]
+		if !ok || op.n == 0 || r.opShare <= 0 {
+			continue
+		}
+		// As cloud.Client.SetOpShare scales them.
+		rate, burst := l.Rate*r.opShare, max(1, int64(float64(l.Burst)*r.opShare))
+		if w := wait(op.n, rate, burst); w > cloudWait {
+			cloudWait = w
+			bound = fmt.Sprintf("%d %s calls at the owner's share of its limit, %s/s with a burst of %d: %s "+
+				"(all %d BCE calls at the owner's budget share of %s/s: less)", op.n, op.name, report.Num(rate, 2), burst,
+				w.Round(time.Millisecond), calls, report.Num(r.share, 2))
+		}
 	}
 	if newENIs > 0 {
-		cloud += attachDelay
+		cloudWait += attachDelay
+	}
+	// The weps: when no call waits, every pod's create runs at once (the
+	// bare creates of the burst). When calls wait, the pods served before
+	// write their weps meanwhile, and only the last batch's pods (at most
+	// batch) write theirs after the wait: that share of the bare creates.
+	api := r.apiFloor
+	apiNote := "bare wep creates of the burst, all at once: " + r.apiFloor.Round(time.Millisecond).String()
+	if cloudWait > 0 && r.pods > batch {
+		api = time.Duration(float64(r.apiFloor) * float64(batch) / float64(r.pods))
+		apiNote = fmt.Sprintf("then the last batch's %d wep creates: %s (%d/%d of the burst's bare creates all at once, %s)",
+			batch, api.Round(time.Millisecond), batch, r.pods, r.apiFloor.Round(time.Millisecond))
 	}
 	note := fmt.Sprintf("%d addresses to add (%d pods, %d idle, %d free ENI slots): %d batch call(s) of %d, %d new ENI(s) "+
-		"(create + attach, %s attach); %d BCE calls at the owner's share of %s/s with a burst of %d: %s; bare wep creates "+
-		"of the burst, all at once: %s",
-		need, r.pods, r.idleAt0, r.enisAt0, batches, batch, newENIs, attachDelay, calls, report.Num(r.share, 2), r.shareB,
-		cloud.Round(time.Millisecond), r.apiFloor.Round(time.Millisecond))
-	return cloud + r.apiFloor, note
+		"(create + attach, %s attach); %s; %s",
+		need, r.pods, r.idleAt0, r.enisAt0, batches, batch, newENIs, attachDelay, bound, apiNote)
+	return cloudWait + api, note
 }
 
 // quantile of a burst's per-pod times, ms.

@@ -4,27 +4,52 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cce-ipam/sharded/cloud"
 )
 
 // The floor adds the batches beyond the owner's burst at its rate, one
-// attach when new ENIs are needed, and the bare wep creates.
+// attach when new ENIs are needed, and the wep creates: all of the burst's
+// when no call waits, the last batch's share when calls wait (the others'
+// overlap the wait).
 func TestBurstFloor(t *testing.T) {
-	// 30 pods, 4 idle: 26 to add in 3 batches of 10; plenty of free slots;
-	// share 2/s with a burst of 1: 2 calls wait 1 s; creates 100 ms.
-	r := burstRun{pods: 30, idleAt0: 4, enisAt0: 100, share: 2, shareB: 1, apiFloor: 100 * time.Millisecond}
+	// 30 pods, 25 idle: 5 to add in 1 batch, within the burst: no wait;
+	// all 30 creates at once, 100 ms.
+	r := burstRun{pods: 30, idleAt0: 25, enisAt0: 100, share: 2, shareB: 1, apiFloor: 100 * time.Millisecond}
 	got, note := burstFloor(r, 10, 39, 50*time.Millisecond)
-	if got != 1100*time.Millisecond {
-		t.Errorf("floor = %v, want 1.1s (%s)", got, note)
+	if got != 100*time.Millisecond {
+		t.Errorf("floor = %v, want 100ms (%s)", got, note)
+	}
+	// 30 pods, 4 idle: 26 to add in 3 batches of 10; plenty of free slots;
+	// share 2/s with a burst of 1: 2 calls wait 1 s; then the last 10 of
+	// the 30 creates (100 ms all at once): 33 ms.
+	r = burstRun{pods: 30, idleAt0: 4, enisAt0: 100, share: 2, shareB: 1, apiFloor: 100 * time.Millisecond}
+	got, note = burstFloor(r, 10, 39, 50*time.Millisecond)
+	if want := time.Second + 100*time.Millisecond/3; got != want {
+		t.Errorf("floor = %v, want %v (%s)", got, want, note)
 	}
 	// 100 pods, 10 idle, 5 free slots: 90 to add, 85 beyond the slots: 3
 	// new ENIs of 39 (6 calls) + 9 batches = 15 calls; burst 5 at once,
-	// 10 at 5/s = 2 s; one attach of 50 ms; creates 300 ms.
+	// 10 at 5/s = 2 s; one attach of 50 ms; the last 10 of 100 creates
+	// (300 ms): 30 ms.
 	r = burstRun{pods: 100, idleAt0: 10, enisAt0: 5, share: 5, shareB: 5, apiFloor: 300 * time.Millisecond}
 	got, note = burstFloor(r, 10, 39, 50*time.Millisecond)
-	if got != 2350*time.Millisecond {
-		t.Errorf("floor = %v, want 2.35s (%s)", got, note)
+	if got != 2080*time.Millisecond {
+		t.Errorf("floor = %v, want 2.08s (%s)", got, note)
 	}
 	if !strings.Contains(note, "3 new ENI(s)") || !strings.Contains(note, "15 BCE calls") {
+		t.Errorf("note: %s", note)
+	}
+	// The same with the owner holding a third of the upstream's
+	// per-operation limits: BatchAddPrivateIP 5/s, burst 10 → 1.67/s,
+	// burst 3; 9 batches: 6 wait 3.6 s, more than the 2 s of the budget
+	// share (CreateENI and AttachENI: 3 calls, burst 1 at 1.67/s, 1.2 s).
+	r.opShare, r.opLimits = 1.0/3, cloud.DefaultOpLimits()
+	got, note = burstFloor(r, 10, 39, 50*time.Millisecond)
+	if got != 3680*time.Millisecond {
+		t.Errorf("floor with a third of the operation limits = %v, want 3.68s (%s)", got, note)
+	}
+	if !strings.Contains(note, "9 BatchAddPrivateIP calls at the owner's share of its limit, 1.67/s with a burst of 3") {
 		t.Errorf("note: %s", note)
 	}
 }

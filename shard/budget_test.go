@@ -380,3 +380,76 @@ func newBudgetReplica(t *testing.T, e *budgetEnv, name string, rate float64, bur
 	renew(t, c)
 	return c
 }
+
+// opRecorder is a limiter that records the per-operation fractions it is
+// given, each beside r0's share as published in the budget Lease at that
+// moment, and reports usage that always waited (a busy replica).
+type opRecorder struct {
+	e       *budgetEnv
+	waited  int64
+	applied []float64 // fractions set, in order
+	pubAt   []float64 // r0's published rate / budget when each was set
+}
+
+func (r *opRecorder) SetRate(float64, int64) error { return nil }
+
+func (r *opRecorder) Usage() (taken, waited int64) {
+	r.waited++
+	return 100, r.waited
+}
+
+func (r *opRecorder) SetOpShare(f float64) error {
+	pub := 0.0
+	if l, err := r.e.kube.CoordinationV1().Leases("ns").Get(r.e.ctx, budgetLeaseName, metav1.GetOptions{}); err == nil {
+		var shares map[string]Share
+		if json.Unmarshal([]byte(l.Annotations[annoShares]), &shares) == nil {
+			pub = shares["r0"].Rate / testGlobalRate
+		}
+	}
+	r.applied = append(r.applied, f)
+	r.pubAt = append(r.pubAt, pub)
+	return nil
+}
+
+// With --shard-budget-follow-demand the per-operation limits follow the
+// share: r0, busy beside an idle r1 (1/s published), borrows 9 of the 10/s
+// and 0.9 of every operation's limit; once r1 is busy too (5/s), r0 lowers
+// to 5/s and 0.5. The fraction in force never exceeds r0's published share
+// of the budget (raised after the publish, lowered before it), so with the
+// others' published shares it never sums above 1. Without following demand
+// the split stays even (1/2).
+func TestBudget_OperationLimitsFollowTheShare(t *testing.T) {
+	e := newBudgetEnv(t, true)
+	rec := &opRecorder{e: e}
+	e.c.budget.setter = rec
+	e.sees("r1", e.peer("r1"), 0)
+	e.putShares(`{"r1":{"rate":1,"burst":1}}`)
+	e.adjust(nil, "r0", "r1")
+	if s := e.c.Budget(); s.Rate != 9 {
+		t.Fatalf("busy r0 beside an idle r1: share %+v, want 9/s", s)
+	}
+	if n := len(rec.applied); n == 0 || rec.applied[n-1] != 0.9 {
+		t.Fatalf("operation fractions set %v, want 0.9 last", rec.applied)
+	}
+	e.putShares(`{"r0":{"rate":9,"burst":4,"busy":true},"r1":{"rate":5,"burst":2,"busy":true}}`)
+	e.adjust(nil, "r0", "r1")
+	if n := len(rec.applied); rec.applied[n-1] != 0.5 {
+		t.Fatalf("both busy: operation fractions set %v, want 0.5 last", rec.applied)
+	}
+	for k, f := range rec.applied {
+		if f > rec.pubAt[k]+rateEpsilon {
+			t.Fatalf("fraction %v set while r0's published share was %v of the budget (sets %v, published %v)",
+				f, rec.pubAt[k], rec.applied, rec.pubAt)
+		}
+	}
+
+	even := newBudgetEnv(t, false)
+	evenRec := &opRecorder{e: even}
+	even.c.budget.setter = evenRec
+	even.sees("r1", even.peer("r1"), 0)
+	even.putShares(`{"r1":{"rate":1,"burst":1}}`)
+	even.adjust(nil, "r0", "r1")
+	if len(evenRec.applied) != 1 || evenRec.applied[0] != 0.5 {
+		t.Fatalf("without following demand: fractions %v, want the even 0.5", evenRec.applied)
+	}
+}

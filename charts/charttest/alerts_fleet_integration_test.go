@@ -209,7 +209,9 @@ func TestChart_AlertsFireOnFleet(t *testing.T) {
 	t.Run("fenced writes", func(t *testing.T) {
 		waitAlert(t, ctx, prom, "CCEIPAMFencedWrites", false, 30*time.Second)
 		node := f.Nodes()[0]
-		idx, err := f.NodeOwner(ctx, node)
+		// The case before resumed a replica: its nodes may be between
+		// owners for a moment.
+		idx, err := f.WaitNodeOwner(ctx, node, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}

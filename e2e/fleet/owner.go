@@ -58,6 +58,25 @@ func (f *Fleet) NodeOwner(ctx context.Context, node string) (int, error) {
 	return f.holderIndex(ns.Holder)
 }
 
+// WaitNodeOwner is NodeOwner once the node has one: it asks again every
+// 200 ms while the node is between owners (a hand-over, a replica that just
+// resumed), up to timeout, and returns the last error after it.
+func (f *Fleet) WaitNodeOwner(ctx context.Context, node string, timeout time.Duration) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		idx, err := f.NodeOwner(ctx, node)
+		if err == nil {
+			return idx, nil
+		}
+		select {
+		case <-ctx.Done():
+			return -1, fmt.Errorf("node %s has no owner after %s: %w", node, timeout, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 func (f *Fleet) holderIndex(holder string) (int, error) {
 	rest, ok := strings.CutPrefix(holder, f.opts.Name+"-r")
 	if d := leadingDigits.FindString(rest); ok && d != "" {

@@ -138,24 +138,35 @@ func TestPSTS_AddressesFollowPodsAcrossReplicas(t *testing.T) {
 // nodesOfTwoReplicas returns a node of one replica and a node of another.
 func nodesOfTwoReplicas(ctx context.Context, t *testing.T, f *fleet.Fleet) (string, string) {
 	t.Helper()
-	by := map[int][]string{}
-	for _, n := range f.Nodes() {
-		i, err := f.NodeOwner(ctx, n)
-		if err != nil {
-			t.Fatal(err)
+	// Under load a hand-over may still be under way after the fleet looked
+	// settled (one replica releasing what the other takes): ask again for
+	// up to a minute until two replicas serve nodes.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		by := map[int][]string{}
+		var lastErr error
+		for _, n := range f.Nodes() {
+			i, err := f.WaitNodeOwner(ctx, n, time.Minute)
+			if err != nil {
+				lastErr = err
+				break
+			}
+			by[i] = append(by[i], n)
 		}
-		by[i] = append(by[i], n)
+		var owners []int
+		for i, ns := range by {
+			sort.Strings(ns)
+			owners = append(owners, i)
+		}
+		sort.Ints(owners)
+		if lastErr == nil && len(owners) >= 2 {
+			return by[owners[0]][0], by[owners[1]][0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no two replicas serve nodes after a minute: %v (%v)", by, lastErr)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
-	var owners []int
-	for i, ns := range by {
-		sort.Strings(ns)
-		owners = append(owners, i)
-	}
-	sort.Ints(owners)
-	if len(owners) < 2 {
-		t.Fatalf("one replica serves every node: %v", by)
-	}
-	return by[owners[0]][0], by[owners[1]][0]
 }
 
 // bindAll binds the unscheduled pods selector selects to node until n of

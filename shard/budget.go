@@ -116,7 +116,6 @@ type budget struct {
 	usage                 float64 // tokens per second, smoothed
 	quiet                 int     // adjustments in a row that looked idle
 	opShareN              int     // replicas the per-operation limits are split over
-	opFraction            float64 // following demand: the fraction of them last set
 }
 
 func newBudget(deps budgetDeps) *budget {
@@ -250,11 +249,8 @@ func (b *budget) adjust(ctx context.Context) {
 	if b.followDemand {
 		busy, need = b.demand(cur)
 	}
-	global := effectiveGlobal(b.global, live, b.self, published)
-	want := demandTarget(global, live, b.self, published, busy, need)
-	if !b.followDemand {
-		b.setOpShare(replicas)
-	}
+	want := demandTarget(effectiveGlobal(b.global, live, b.self, published), live, b.self, published, busy, need)
+	b.setOpShare(replicas)
 	switch {
 	case want.Rate < cur.Rate*0.9-rateEpsilon || want.Burst < cur.Burst || (want.Rate == 0 && cur.Rate > 0):
 		// Lower locally first, then tell the others.
@@ -264,12 +260,45 @@ func (b *budget) adjust(ctx context.Context) {
 			Busy:  busy,
 		}
 		b.set(lower, granted && lower.Rate > 0)
-		b.followOpShare(lower, global)
 		if err := b.publish(ctx, func(map[string]Share) Share { return lower }); err != nil {
 			b.log.Warn("publishing a lower budget share failed; retrying", "err", err)
 		}
 	case want.Rate > cur.Rate*1.1+rateEpsilon || want.Burst > cur.Burst || !granted:
-		b.raise(ctx, want, cur, granted, busy, live)
+		var got Share
+		err := b.publish(ctx, func(shares map[string]Share) Share {
+			// The budget in force by the object being changed: a peer may
+			// have published a smaller one since the watch showed it.
+			global := effectiveGlobal(b.global, live, b.self, shares)
+			var others Share
+			for m, s := range shares {
+				if m != b.self {
+					others.Rate += s.Rate
+					others.Burst += s.Burst
+				}
+			}
+			got = Share{
+				Rate:  math.Max(0, math.Min(want.Rate, global.Rate-others.Rate)),
+				Burst: max(0, min(want.Burst, global.Burst-others.Burst)),
+				Busy:  busy,
+			}
+			// A residue of float sums (50 - (16.67 + 33.33) = 7e-15) is no
+			// headroom: no limiter can run that slowly.
+			if got.Burst < 1 || got.Rate <= cur.Rate || got.Rate < cloud.MinRate {
+				got = cur // no headroom yet: keep what we have, say we want more
+				got.Busy = busy
+				if !granted {
+					got = Share{Busy: busy}
+				}
+			}
+			return got
+		})
+		if err != nil {
+			b.log.Debug("raising the budget share failed; retrying", "err", err)
+			return
+		}
+		if got.Rate > 0 && got.Burst >= 1 {
+			b.set(got, true)
+		}
 	case busy != cur.Busy:
 		flagged := cur
 		flagged.Busy = busy
@@ -278,49 +307,6 @@ func (b *budget) adjust(ctx context.Context) {
 			b.share.Busy = busy
 			b.mu.Unlock()
 		}
-	}
-}
-
-// raise asks, by CAS on the budget Lease, for up to want (what the others'
-// published shares leave of the budget in force), publishing before it
-// raises its limiter and its per-operation fraction.
-func (b *budget) raise(ctx context.Context, want, cur Share, granted, busy bool, live []string) {
-	var got, gotWithin Share
-	err := b.publish(ctx, func(shares map[string]Share) Share {
-		// The budget in force by the object being changed: a peer may
-		// have published a smaller one since the watch showed it.
-		global := effectiveGlobal(b.global, live, b.self, shares)
-		gotWithin = global
-		var others Share
-		for m, s := range shares {
-			if m != b.self {
-				others.Rate += s.Rate
-				others.Burst += s.Burst
-			}
-		}
-		got = Share{
-			Rate:  math.Max(0, math.Min(want.Rate, global.Rate-others.Rate)),
-			Burst: max(0, min(want.Burst, global.Burst-others.Burst)),
-			Busy:  busy,
-		}
-		// A residue of float sums (50 - (16.67 + 33.33) = 7e-15) is no
-		// headroom: no limiter can run that slowly.
-		if got.Burst < 1 || got.Rate <= cur.Rate || got.Rate < cloud.MinRate {
-			got = cur // no headroom yet: keep what we have, say we want more
-			got.Busy = busy
-			if !granted {
-				got = Share{Busy: busy}
-			}
-		}
-		return got
-	})
-	if err != nil {
-		b.log.Debug("raising the budget share failed; retrying", "err", err)
-		return
-	}
-	if got.Rate > 0 && got.Burst >= 1 {
-		b.set(got, true)
-		b.followOpShare(got, gotWithin)
 	}
 }
 
@@ -401,33 +387,6 @@ func (b *budget) setOpShare(n int) {
 		return
 	}
 	b.opShareN = n
-	b.metrics.opShare.Set(1 / float64(n))
-}
-
-// followOpShare, with --shard-budget-follow-demand, gives this replica the
-// fraction of every per-operation limit that its share s is of the budget
-// in force: a replica that borrowed the idle ones' rate may also spend their
-// part of each operation's limit (a burst of pods on one node needs
-// BatchAddPrivateIP calls, 5/s for the whole cluster). The published shares
-// never sum above the budget (the CAS), so the fractions never sum above 1;
-// it is called where the share is applied, so it is lowered before a lower
-// share is published and raised after a higher one was. Without
-// following demand the split stays even (setOpShare).
-func (b *budget) followOpShare(s, global Share) {
-	o, ok := b.setter.(OpSharer)
-	if !ok || !b.followDemand || !(s.Rate > 0) || !(global.Rate > 0) {
-		return // no share: the cloud gate is closed anyway
-	}
-	f := math.Min(1, s.Rate/global.Rate)
-	if f == b.opFraction {
-		return
-	}
-	if err := o.SetOpShare(f); err != nil {
-		b.log.Error("setting the per-operation limits failed", "err", err)
-		return
-	}
-	b.opFraction = f
-	b.metrics.opShare.Set(f)
 }
 
 // set applies a share to the local limiter.

@@ -86,9 +86,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 // budgetMetrics are the budget's own.
 type budgetMetrics struct {
-	rate    prometheus.Gauge
-	burst   prometheus.Gauge
-	opShare prometheus.Gauge
+	rate  prometheus.Gauge
+	burst prometheus.Gauge
 }
 
 func newBudgetMetrics(reg prometheus.Registerer) budgetMetrics {
@@ -99,11 +98,6 @@ func newBudgetMetrics(reg prometheus.Registerer) budgetMetrics {
 		}),
 		burst: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_shard_budget_burst", Help: "This replica's share of the cluster-wide BCE burst.",
-		}),
-		opShare: f.NewGauge(prometheus.GaugeOpts{
-			Name: "cce_ipam_shard_budget_op_share",
-			Help: "This replica's fraction of every per-operation BCE limit (--bce-op-limits): 1/N of the replicas, " +
-				"or its share of the rate with --shard-budget-follow-demand.",
 		}),
 	}
 }

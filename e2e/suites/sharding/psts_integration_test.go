@@ -146,7 +146,7 @@ func nodesOfTwoReplicas(ctx context.Context, t *testing.T, f *fleet.Fleet) (stri
 		by := map[int][]string{}
 		var lastErr error
 		for _, n := range f.Nodes() {
-			i, err := f.WaitNodeOwner(ctx, n, time.Minute)
+			i, err := f.NodeOwner(ctx, n) // between owners: the loop asks again
 			if err != nil {
 				lastErr = err
 				break

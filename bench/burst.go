@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -179,7 +181,11 @@ func (e *env) burstOnce(ctx context.Context, name, node string, n int, onFullENI
 	if sh, err := e.ownerShare(ctx, node); err == nil {
 		run.share, run.shareB = sh.Rate, sh.Burst
 	}
-	if n := len(e.running()); n > 0 {
+	// The replicas run with the default table unless --replica-args
+	// replaced it; then the floor counts the budget share only.
+	if n := len(e.running()); n > 0 && !slices.ContainsFunc(e.cfg.ReplicaArgs, func(a string) bool {
+		return strings.HasPrefix(a, "--bce-op-limits")
+	}) {
 		run.opShare, run.opLimits = 1/float64(n), cloud.DefaultOpLimits()
 	}
 	// The API part of the floor: n bare wep creates, all at once.
@@ -307,8 +313,8 @@ func burstFloor(r burstRun, batch, perENI int, attachDelay time.Duration) (time.
 		if !ok || op.n == 0 || r.opShare <= 0 {
 			continue
 		}
-		// As cloud.Client.SetOpShare scales them.
-		rate, burst := l.Rate*r.opShare, max(1, int64(float64(l.Burst)*r.opShare))
+		sh := l.Share(r.opShare)
+		rate, burst := sh.Rate, sh.Burst
 		if w := wait(op.n, rate, burst); w > cloudWait {
 			cloudWait = w
 			bound = fmt.Sprintf("%d %s calls at the owner's share of its limit, %s/s with a burst of %d: %s "+

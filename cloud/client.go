@@ -118,7 +118,8 @@ func (c *Client) SetOpShare(f float64) error {
 		return fmt.Errorf("operation share %v outside (0,1]", f)
 	}
 	for op, l := range c.cfg.OpLimits {
-		if err := c.opLimits[op].SetRate(l.Rate*f, max(1, int64(float64(l.Burst)*f))); err != nil {
+		sh := l.Share(f)
+		if err := c.opLimits[op].SetRate(sh.Rate, sh.Burst); err != nil {
 			return fmt.Errorf("limit of %s: %w", op, err)
 		}
 	}

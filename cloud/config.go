@@ -90,6 +90,12 @@ type OpLimit struct {
 	Burst int64
 }
 
+// Share is the part f of the limit a replica holds (Client.SetOpShare): the
+// rate times f, the burst times f but never below one token.
+func (l OpLimit) Share(f float64) OpLimit {
+	return OpLimit{Rate: l.Rate * f, Burst: max(1, int64(float64(l.Burst)*f))}
+}
+
 // DefaultOpLimits is the upstream's client-side flow-control table
 // (cce-network-v2 flow_control.go) for the operations this client makes.
 // The table names no limit for the cross-subnet add; it gets the batch

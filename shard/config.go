@@ -52,9 +52,10 @@ type Config struct {
 	// rate to busy ones (never the per-operation limits, which stay split
 	// evenly). Default off: an even split.
 	BudgetFollowDemand bool
-	// FencingPolicy names the ValidatingAdmissionPolicy (and its binding)
-	// that makes the API server refuse wep writes under a stale claim. A
-	// replica checks that both exist, reports it (metric, /shard/status),
+	// FencingPolicy is the name prefix of the ValidatingAdmissionPolicies
+	// (<name>-g<group>, <name>-token) and bindings (<name>-<partition>,
+	// <name>-token) that make the API server refuse wep writes under a stale
+	// claim. A replica checks that they exist, reports it (metric, /shard/status),
 	// and after a takeover waits until the policy refuses the old holder's
 	// token. Default cce-ipam-wep-fencing; empty: not checked, no such wait.
 	FencingPolicy string
@@ -94,7 +95,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 		"at a cold start (no live replica holds any nodes), wait until the set of replicas has been stable for this long "+
 			"before claiming, so replicas started together split the nodes once (0: claim at once)")
 	fs.StringVar(&c.FencingPolicy, "shard-fencing-policy", "cce-ipam-wep-fencing",
-		"name of the ValidatingAdmissionPolicy and binding that fence wep writes in the API server (\"\": do not check)")
+		"name prefix of the ValidatingAdmissionPolicies and bindings that fence wep writes in the API server (<name>-g<group>, <name>-<partition>, <name>-token; \"\": do not check)")
 	fs.BoolVar(&c.RequireFencingPolicy, "shard-require-fencing-policy", false,
 		"claim no partition while the fencing policy is missing (default: serve, fenced by this replica's clock only, and report it)")
 	fs.BoolVar(&c.BudgetFollowDemand, "shard-budget-follow-demand", false,

@@ -133,11 +133,13 @@ func (c *Coordinator) checkPolicy(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		// The chart's objects (templates/fencing-policy.yaml): the policies
-		// <name> and <name>-token, the binding <name>-token and one binding
+		// <name>-g<group>, one per group of ipam.FenceGroupSize partitions,
+		// and <name>-token, the binding <name>-token and one binding
 		// <name>-<p> per partition (the first and last are looked at).
 		adm := c.kube.AdmissionregistrationV1()
 		var err error
-		for _, n := range []string{name, name + "-token"} {
+		lastGroup := (c.cfg.Ring.Partitions - 1) / ipam.FenceGroupSize
+		for _, n := range []string{name + "-g0", fmt.Sprintf("%s-g%d", name, lastGroup), name + "-token"} {
 			if err == nil {
 				_, err = adm.ValidatingAdmissionPolicies().Get(ctx, n, metav1.GetOptions{})
 			}

@@ -135,7 +135,7 @@ func TestCoordinator_ChecksFencingPolicy(t *testing.T) {
 		t.Fatalf("hold reason with the policy required and missing: %q", hold)
 	}
 	adm := c.kube.AdmissionregistrationV1()
-	for _, n := range []string{"fp", "fp-token"} {
+	for _, n := range []string{"fp-g0", "fp-g16", "fp-token"} {
 		if _, err := adm.ValidatingAdmissionPolicies().Create(ctx, &admissionv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}

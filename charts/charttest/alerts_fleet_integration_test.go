@@ -462,8 +462,9 @@ func fleetSimClient(t testing.TB, f *fleet.Fleet) *cloud.Client {
 }
 
 // fencingBinding returns the binding of partition 0 of the chart's fencing
-// policy the fleet installed: the policy <name> has a sibling <name>-token,
-// and the replicas look for the binding <name>-0 (shard/fencing.go).
+// policies the fleet installed: the policies <name>-g<group> have a sibling
+// <name>-token, and the replicas look for the binding <name>-0
+// (shard/fencing.go).
 func fencingBinding(t testing.TB, ctx context.Context, f *fleet.Fleet) *admissionregistrationv1.ValidatingAdmissionPolicyBinding {
 	t.Helper()
 	adm := f.Kube.AdmissionregistrationV1()

@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -71,7 +72,15 @@ func (c *Cluster) installFencingPolicy(ctx context.Context, chartDir, namespace,
 		cleanup()
 		return "", nil, err
 	}
-	return policies[0].Name, cleanup, nil
+	// The policies' common prefix, the name the replicas are given
+	// (--shard-fencing-policy): <name>-g<group> and <name>-token.
+	for _, p := range policies {
+		if name, ok := strings.CutSuffix(p.Name, "-token"); ok {
+			return name, cleanup, nil
+		}
+	}
+	cleanup()
+	return "", nil, errors.New("the chart rendered no <name>-token fencing policy")
 }
 
 // renderFencingPolicy renders the chart's fencing-policy.yaml with bin/helm

@@ -24,6 +24,7 @@ import (
 	"github.com/cce-ipam/sharded/ipamcore/admissionretry"
 	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 	"github.com/cce-ipam/sharded/ipamcore/generated/clientset/versioned"
+	"github.com/cce-ipam/sharded/ipamcore/ipam"
 )
 
 const partitions = 271
@@ -57,8 +58,18 @@ func TestFencingPolicy_RefusesStaleTokensAndCost(t *testing.T) {
 			Spec:       cce.WorkloadEndpointSpec{ContainerID: "c", IP: "10.0.0.1", Type: cce.WorkloadEndpointTypePod, Node: "n"},
 		}
 		if holder != "" {
-			w.Labels = map[string]string{"cce.io/fence-partition": strconv.Itoa(p)}
-			w.Annotations = map[string]string{"cce.io/fence-holder": holder, "cce.io/fence-epoch": strconv.Itoa(epoch)}
+			// Stamped as a replica stamps it: the chart and the code must
+			// agree on the group of a partition.
+			ipam.FenceToken{Partition: p, Holder: holder, Epoch: int64(epoch)}.Stamp(w)
+		}
+		return w
+	}
+	// relabel is w with the group label set to g ("" removes it).
+	relabel := func(w *cce.WorkloadEndpoint, g string) *cce.WorkloadEndpoint {
+		if g == "" {
+			delete(w.Labels, "cce.io/fence-group")
+		} else {
+			w.Labels["cce.io/fence-group"] = g
 		}
 		return w
 	}
@@ -113,7 +124,7 @@ func TestFencingPolicy_RefusesStaleTokensAndCost(t *testing.T) {
 		}
 		return s / time.Duration(len(d))
 	}
-	t.Logf("wep Create, %d sequential writes, %d partitions (one binding each): without the policy mean %v p50 %v p99 %v; with it mean %v p50 %v p99 %v",
+	t.Logf("wep Create, %d sequential writes, %d partitions (a binding each, a policy per 16): without the policy mean %v p50 %v p99 %v; with it mean %v p50 %v p99 %v",
 		writes, partitions, mean(without), pct(without, .5), pct(without, .99), mean(with), pct(with, .5), pct(with, .99))
 
 	refused := func(err error) bool {
@@ -130,6 +141,25 @@ func TestFencingPolicy_RefusesStaleTokensAndCost(t *testing.T) {
 		t.Errorf("another holder: %v, want refused", err)
 	} else {
 		t.Logf("refusal as the API server words it: %v", err)
+	}
+	// The partition's group label (partition / 16) picks the policy whose
+	// bindings hold the partition's claim: a write whose group is not its
+	// partition's would match none of them, so it is refused outright.
+	if _, err := replica.Create(ctx, relabel(wep("no-group", 5, "r0", 1), ""), metav1.CreateOptions{}); !refused(err) {
+		t.Errorf("a current token without the group label: %v, want refused", err)
+	}
+	if _, err := replica.Create(ctx, relabel(wep("wrong-group", 40, "r1", 1), "0"), metav1.CreateOptions{}); !refused(err) {
+		t.Errorf("another holder's token under the wrong group (would escape its partition's binding): %v, want refused", err)
+	}
+	if _, err := replica.Create(ctx, relabel(wep("with-group", 5, "r0", 1), "0"), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the same wep with its group: %v", err)
+	}
+	for _, bad := range []string{"five", "271", "0271", "05", "05x", "5.0"} {
+		w := wep("bad-partition", 5, "r0", 1)
+		w.Labels["cce.io/fence-partition"] = bad
+		if _, err := replica.Create(ctx, w, metav1.CreateOptions{}); !refused(err) {
+			t.Errorf("partition label %q (no partition's binding matches it): %v, want refused", bad, err)
+		}
 	}
 	if _, err := admin.Create(ctx, wep("by-admin", 5, "", 0), metav1.CreateOptions{}); err != nil {
 		t.Errorf("another user's write is not the policy's business: %v", err)
@@ -220,14 +250,12 @@ func TestFencingPolicy_UnconfiguredRefusalRetried(t *testing.T) {
 	defer remove()
 	const p = 7 // no claim Lease yet
 	wep := func(name, holder string) *cce.WorkloadEndpoint {
-		return &cce.WorkloadEndpoint{
-			ObjectMeta: metav1.ObjectMeta{
-				Name: name, Namespace: ns,
-				Labels:      map[string]string{"cce.io/fence-partition": strconv.Itoa(p)},
-				Annotations: map[string]string{"cce.io/fence-holder": holder, "cce.io/fence-epoch": "1"},
-			},
-			Spec: cce.WorkloadEndpointSpec{ContainerID: "c", IP: "10.0.0.1", Type: cce.WorkloadEndpointTypePod, Node: "n"},
+		w := &cce.WorkloadEndpoint{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec:       cce.WorkloadEndpointSpec{ContainerID: "c", IP: "10.0.0.1", Type: cce.WorkloadEndpointTypePod, Node: "n"},
 		}
+		ipam.FenceToken{Partition: p, Holder: holder, Epoch: 1}.Stamp(w)
+		return w
 	}
 	plain := versioned.NewForConfigOrDie(shared.ReplicaConfig).CceV1alpha1().WorkloadEndpoints(ns)
 	var retries []admissionretry.Retried

@@ -27,10 +27,22 @@ import (
 // (charts/cce-ipam/templates/fencing-policy.yaml) refuses, inside the API
 // server, a write whose token is not the partition's current claim, so a
 // replica that lost the partition cannot write whatever its clock says.
+//
+// The partition's group (partition / FenceGroupSize) is a label as well: the
+// chart has one policy per group, selecting on it, with the group's
+// partitions' bindings under it, because the API server parses every
+// binding's label selector on every write of a matching policy (the cost of
+// one policy over all partitions, shard/DESIGN.md). The policy refuses a
+// write whose group is not its partition's.
 const (
 	LabelFencePartition = "cce.io/fence-partition"
+	LabelFenceGroup     = "cce.io/fence-group"
 	AnnoFenceHolder     = "cce.io/fence-holder"
 	AnnoFenceEpoch      = "cce.io/fence-epoch"
+
+	// FenceGroupSize is how many partitions share a group: the chart's
+	// fencing-policy.yaml ($groupSize) must say the same.
+	FenceGroupSize = 16
 )
 
 // FenceToken names the partition claim a write is made under.
@@ -44,9 +56,10 @@ func (t FenceToken) String() string {
 	return fmt.Sprintf("partition %d, holder %q, epoch %d", t.Partition, t.Holder, t.Epoch)
 }
 
-// Stamp writes the token into the wep: the partition as a label (the
-// policy's binding of the partition selects on it), the holder and the epoch
-// as annotations (a member name can be longer than a label value).
+// Stamp writes the token into the wep: the partition and its group as labels
+// (the policy of the group and the binding of the partition select on them),
+// the holder and the epoch as annotations (a member name can be longer than a
+// label value).
 func (t FenceToken) Stamp(w *cce.WorkloadEndpoint) {
 	if w.Labels == nil {
 		w.Labels = map[string]string{}
@@ -55,18 +68,21 @@ func (t FenceToken) Stamp(w *cce.WorkloadEndpoint) {
 		w.Annotations = map[string]string{}
 	}
 	w.Labels[LabelFencePartition] = strconv.Itoa(t.Partition)
+	w.Labels[LabelFenceGroup] = strconv.Itoa(t.Partition / FenceGroupSize)
 	w.Annotations[AnnoFenceHolder] = t.Holder
 	w.Annotations[AnnoFenceEpoch] = strconv.FormatInt(t.Epoch, 10)
 }
 
 // tokenOf is the fencing token a wep carries, as one comparable string (the
-// three parts Stamp writes), or "" when it carries none.
+// four parts Stamp writes), or "" when it carries none. A wep written before
+// groups existed has no group label: its token is none, so it is stamped
+// before it is deleted (the policy would refuse deleting it as stored).
 func tokenOf(w *cce.WorkloadEndpoint) string {
-	p, h, e := w.Labels[LabelFencePartition], w.Annotations[AnnoFenceHolder], w.Annotations[AnnoFenceEpoch]
-	if p == "" || h == "" || e == "" {
+	p, g, h, e := w.Labels[LabelFencePartition], w.Labels[LabelFenceGroup], w.Annotations[AnnoFenceHolder], w.Annotations[AnnoFenceEpoch]
+	if p == "" || g == "" || h == "" || e == "" {
 		return ""
 	}
-	return p + "\x00" + h + "\x00" + e
+	return p + "\x00" + g + "\x00" + h + "\x00" + e
 }
 
 // stampedToken is tokenOf of a wep stamped with tok.

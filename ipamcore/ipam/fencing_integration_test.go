@@ -112,7 +112,8 @@ func TestIPAM_WEPWritesFencedByTheAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w.Labels[ipam.LabelFencePartition] != strconv.Itoa(p) || w.Annotations[ipam.AnnoFenceHolder] != "r0" ||
+	if w.Labels[ipam.LabelFencePartition] != strconv.Itoa(p) || w.Labels[ipam.LabelFenceGroup] != strconv.Itoa(p/ipam.FenceGroupSize) ||
+		w.Annotations[ipam.AnnoFenceHolder] != "r0" ||
 		w.Annotations[ipam.AnnoFenceEpoch] != "1" {
 		t.Fatalf("wep of %s carries labels %v annotations %v, want the token of partition %d, r0, epoch 1",
 			pods[0].name, w.Labels, w.Annotations, p)

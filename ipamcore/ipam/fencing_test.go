@@ -3,10 +3,13 @@ package ipam
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	cce "github.com/cce-ipam/sharded/ipamcore/apis/cce/v1alpha1"
 )
 
 // Which errors count as the API server's fencing refusal. The denials are
@@ -39,5 +42,34 @@ func TestRefusedByFencingPolicy(t *testing.T) {
 		if got := refusedByFencingPolicy(tc.err); got != tc.want {
 			t.Errorf("%s: refusedByFencingPolicy(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
+	}
+}
+
+// A stamp carries the partition's group beside the partition (the chart's
+// policy per group selects on it), and a wep without the group label (written
+// before groups existed) has no token of ours: the known-wep DEL then stamps
+// it before deleting instead of deleting it as stored, which the policy would
+// refuse.
+func TestFenceToken_StampAndTokenOf(t *testing.T) {
+	for _, tc := range []struct{ partition, group string }{{"0", "0"}, {"15", "0"}, {"16", "1"}, {"270", "16"}} {
+		p, _ := strconv.Atoi(tc.partition)
+		tok := FenceToken{Partition: p, Holder: "r0-abc", Epoch: 7}
+		var w cce.WorkloadEndpoint
+		tok.Stamp(&w)
+		if w.Labels[LabelFencePartition] != tc.partition || w.Labels[LabelFenceGroup] != tc.group ||
+			w.Annotations[AnnoFenceHolder] != "r0-abc" || w.Annotations[AnnoFenceEpoch] != "7" {
+			t.Errorf("%v stamps labels %v annotations %v, want partition %s group %s", tok, w.Labels, w.Annotations, tc.partition, tc.group)
+		}
+		if tokenOf(&w) == "" || tokenOf(&w) != stampedToken(tok) {
+			t.Errorf("tokenOf(stamped by %v) = %q, want %q", tok, tokenOf(&w), stampedToken(tok))
+		}
+		old := w.DeepCopy()
+		delete(old.Labels, LabelFenceGroup)
+		if got := tokenOf(old); got != "" {
+			t.Errorf("a wep without the group label has token %q, want none", got)
+		}
+	}
+	if stampedToken(FenceToken{Partition: 1, Holder: "a", Epoch: 2}) == stampedToken(FenceToken{Partition: 1, Holder: "a", Epoch: 3}) {
+		t.Error("two epochs give one token")
 	}
 }

@@ -95,7 +95,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 		"at a cold start (no live replica holds any nodes), wait until the set of replicas has been stable for this long "+
 			"before claiming, so replicas started together split the nodes once (0: claim at once)")
 	fs.StringVar(&c.FencingPolicy, "shard-fencing-policy", "cce-ipam-wep-fencing",
-		"name prefix of the ValidatingAdmissionPolicies and bindings that fence wep writes in the API server (<name>-g<group>, <name>-<partition>, <name>-token; \"\": do not check)")
+		"name prefix of the ValidatingAdmissionPolicies and bindings that fence wep writes in the API server "+
+			"(<name>-g<group>, <name>-<partition>, <name>-token; \"\": do not check)")
 	fs.BoolVar(&c.RequireFencingPolicy, "shard-require-fencing-policy", false,
 		"claim no partition while the fencing policy is missing (default: serve, fenced by this replica's clock only, and report it)")
 	fs.BoolVar(&c.BudgetFollowDemand, "shard-budget-follow-demand", false,

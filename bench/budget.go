@@ -30,6 +30,7 @@ type budgetResult struct {
 	busyMean       float64
 	busyShare      float64 // the busy replica's budget_rate gauge
 	busyShareBurst float64
+	scale          []budgetScaleCell // item 5b
 }
 
 // budgetWorkers churn in item 5: more ADDs waiting for a refill than the
@@ -67,6 +68,9 @@ func (e *env) runBudget(ctx context.Context, nodes []string) (*budgetResult, err
 	}
 	if err := e.budgetBusyAlone(ctx, res, nodes); err != nil {
 		return nil, err
+	}
+	if err := e.budgetScale(ctx, res, nodes); err != nil {
+		return res, fmt.Errorf("5b, scale-out under the budget: %w", err)
 	}
 	return res, nil
 }

@@ -561,12 +561,58 @@ func (b *docBuilder) budgetSection(bu *budgetResult) report.Section {
 	}
 	b.addSummary("5. budget, any 1 s window", "≤ "+report.Num(limit, 0),
 		fmt.Sprint(bu.maxSecond), targetLine(float64(bu.maxSecond), limit, " calls"))
+	if len(bu.scale) > 0 {
+		b.budgetScale(&s, bu.scale)
+	}
 	b.check(budgetPlot(b.path(b.plot("budget-calls")), p, bu))
 	s.Images = append(s.Images, report.Image{
 		Alt:  "BCE calls per second against the budget",
 		File: b.plot("budget-calls"),
 	})
 	return s
+}
+
+// budgetScale adds item 5b to item 5's section.
+func (b *docBuilder) budgetScale(s *report.Section, cells []budgetScaleCell) {
+	p := b.p
+	s.Paragraphs = append(s.Paragraphs, fmt.Sprintf(
+		"**5b. Scale-out with the cloud budget as the bottleneck** (issue #25 item 1). The same churn and pools, under a "+
+			"cluster-wide budget of `--bce-rate %d --bce-burst %d` with the per-operation limits lifted (`--bce-op-limits=`), "+
+			"so that the shared budget alone bounds the calls; %d workers, %s per cell. With 3 replicas, "+
+			"`--shard-budget-follow-demand` off and on (the replicas restarted with it): churn on every node, then only on "+
+			"replica 0's nodes while the others idle; then 1 replica alone. A global budget cannot grow with the "+
+			"replicas (I5): the question is whether sharding loses part of it.",
+		budgetScaleRate, budgetScaleRate, budgetWorkers, p.BusyAlone))
+	t := report.Table{Header: []string{"cell", "nodes churned", "ADDs/s", "vs 1 replica", "BCE calls/s", "of the budget",
+		"replica 0's share (calls/s)", "pods without an IP"}}
+	var one float64
+	for _, c := range cells {
+		if c.replicas == 1 {
+			one = c.allocsPerSec()
+		}
+	}
+	var busyOff, busyOn float64
+	for _, c := range cells {
+		calls := float64(c.bceCalls) / c.secs
+		vs := "—"
+		if one > 0 {
+			vs = report.Ratio(c.allocsPerSec(), one)
+		}
+		t.Rows = append(t.Rows, []string{budgetScaleLabel(c), fmt.Sprint(c.nodes), report.Num(c.allocsPerSec(), 1), vs,
+			report.Num(calls, 1), report.Ratio(calls, budgetScaleRate), report.Num(c.share, 2), fmt.Sprint(c.lost)})
+		if c.replicas > 1 && c.busyOnly {
+			if c.follow {
+				busyOn = c.allocsPerSec()
+			} else {
+				busyOff = c.allocsPerSec()
+			}
+		}
+	}
+	s.Tables = append(s.Tables, t)
+	if busyOff > 0 && busyOn > 0 {
+		b.addSummary("5b. one busy replica of 3 under the budget, ADDs/s with follow-demand on / off", "(reported)",
+			report.Ratio(busyOn, busyOff), "—")
+	}
 }
 
 func (b *docBuilder) invariantsSection() report.Section {

@@ -113,9 +113,10 @@ type budget struct {
 	// Demand, measured on the limiter between adjustments.
 	lastTaken, lastWaited int64
 	lastAt                time.Time
-	usage                 float64 // tokens per second, smoothed
-	quiet                 int     // adjustments in a row that looked idle
-	opShareN              int     // replicas the per-operation limits are split over
+	usage                 float64   // tokens per second, smoothed
+	quietSince            time.Time // since when every adjustment looked idle (zero: not quiet)
+	hot                   int       // adjustments in a row that used most of the share
+	opShareN              int       // replicas the per-operation limits are split over
 }
 
 func newBudget(deps budgetDeps) *budget {

@@ -3,6 +3,7 @@ package shard
 import (
 	"math"
 	"slices"
+	"time"
 )
 
 // Following demand (--shard-budget-follow-demand): idle replicas lend their
@@ -52,9 +53,25 @@ func demandTarget(global Share, live []string, self string, published map[string
 	}
 }
 
+// demandIdleAfter is how long a replica's use must stay quiet before it
+// counts as idle and lends its share. Cloud calls come in bursts (a pool
+// refill, a trim, a sync) with quiet seconds between them even under load:
+// judged over a second and a half (three adjustments), a busy replica went
+// idle and back every few seconds, and each return waited at a quarter of an
+// even share for the others' headroom (bench item 5b, 12-07).
+const demandIdleAfter = 5 * time.Second
+
+// demandStarvedWaits is how many calls must have waited for a token since
+// the last adjustment for a replica to count as starved (busy). One call that
+// found the bucket empty is what an idle replica's lone sync meets at a
+// quarter share; counting it made idle replicas flap to busy and back.
+const demandStarvedWaits = 2
+
 // demand reads the limiter's usage since the last adjustment: busy when
-// calls waited for tokens or used most of the share; idle after a few quiet
-// rounds well below it. need is what an idle replica keeps.
+// calls waited for tokens or used most of the share for two adjustments in a
+// row; idle once every adjustment for demandIdleAfter found it well below its
+// share. need is
+// what an idle replica keeps.
 func (b *budget) demand(cur Share) (busy bool, need float64) {
 	u, ok := b.setter.(UsageReporter)
 	if !ok {
@@ -72,14 +89,25 @@ func (b *budget) demand(cur Share) (busy bool, need float64) {
 	if dt <= 0 {
 		return cur.Busy, 2 * b.usage
 	}
-	b.usage = 0.5*b.usage + 0.5*float64(taken-b.lastTaken)/dt
-	starved := waited > b.lastWaited
+	window := float64(taken-b.lastTaken) / dt
+	b.usage = 0.5*b.usage + 0.5*window
+	starved := waited-b.lastWaited >= demandStarvedWaits
+	// Use near the share counts when it lasts two adjustments: one
+	// window's blip (a sync's few calls at an idle replica's small share)
+	// is not demand.
+	if window >= 0.8*cur.Rate {
+		b.hot++
+	} else {
+		b.hot = 0
+	}
 	b.lastTaken, b.lastWaited, b.lastAt = taken, waited, now
 	switch {
-	case starved || b.usage >= 0.8*cur.Rate:
-		b.quiet = 0
+	case starved || b.hot >= 2:
+		b.quietSince = time.Time{}
 	case b.usage < 0.5*cur.Rate:
-		b.quiet++
+		if b.quietSince.IsZero() {
+			b.quietSince = now
+		}
 	}
-	return b.quiet < 3, 2 * b.usage
+	return b.quietSince.IsZero() || now.Sub(b.quietSince) < demandIdleAfter, 2 * b.usage
 }

@@ -30,7 +30,8 @@ type budgetScaleCell struct {
 	allocs   int64
 	lost     int64
 	secs     float64
-	bceCalls int64   // calls bce-sim received in the window
+	bceCalls int64   // calls bce-sim received in the whole seconds the cell touched
+	bceSecs  int     // how many such seconds
 	share    float64 // replica 0's cce_ipam_shard_budget_rate at the end
 }
 
@@ -144,6 +145,7 @@ func (e *env) budgetScaleCell(ctx context.Context, nodes []string, follow, busyO
 	}
 	for _, s := range secondsIn(st.All.PerSecond, start, end) {
 		cell.bceCalls += s.Calls
+		cell.bceSecs++
 	}
 	e.log.Info("budget scale-out", "replicas", cell.replicas, "follow_demand", follow, "busy_only", busyOnly,
 		"nodes", cell.nodes, "adds_per_s", cell.allocsPerSec(), "bce_calls", cell.bceCalls, "share", cell.share)

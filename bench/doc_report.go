@@ -593,7 +593,7 @@ func (b *docBuilder) budgetScale(s *report.Section, cells []budgetScaleCell) {
 	}
 	var busyOff, busyOn float64
 	for _, c := range cells {
-		calls := float64(c.bceCalls) / c.secs
+		calls := float64(c.bceCalls) / float64(max(1, c.bceSecs))
 		vs := "—"
 		if one > 0 {
 			vs = report.Ratio(c.allocsPerSec(), one)

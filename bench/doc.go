@@ -10,7 +10,8 @@
 //  3. BCE calls to take nodes over against one paginated VPC-wide list;
 //  4. memory per replica with 1 and with 3 replicas, and an idle replica's
 //     (no node yet): the fixed cost;
-//  5. the BCE budget at bce-sim while replicas join and leave;
+//  5. the BCE budget at bce-sim while replicas join and leave, and (5b) ADDs per second
+//     with the budget as the bottleneck, 1 and 3 replicas, follow-demand off and on;
 //  6. cold start of 3 replicas against 1, and the replicas' API writes per
 //     second once settled against their Lease renewals;
 //  7. PSTS (Elastic and Fixed) AllocateIP latency against a warm AllocateIP

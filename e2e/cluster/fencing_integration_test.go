@@ -227,6 +227,29 @@ func TestFencingPolicy_RefusesStaleTokensAndCost(t *testing.T) {
 	if err := replica.Delete(ctx, w.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &stamped.ResourceVersion}}); err != nil {
 		t.Errorf("the new holder's delete after its stamp: %v", err)
 	}
+
+	// A wep stored before the group label existed (a replica of an older
+	// version wrote it; here the admin stores one): deleting it as stored is
+	// refused, since it matches no group's policy; the current holder's
+	// stamp (which adds the group) and then its delete go through, as
+	// deleteWEP sends them.
+	old := wep("before-groups", 5, "r1", 2)
+	delete(old.Labels, "cce.io/fence-group")
+	old, err = admin.Create(ctx, old, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := replica.Delete(ctx, old.Name, metav1.DeleteOptions{}); !refused(err) {
+		t.Errorf("deleting a stored wep without the group label as it is: %v, want refused", err)
+	}
+	upd = old.DeepCopy()
+	ipam.FenceToken{Partition: 5, Holder: "r1", Epoch: 2}.Stamp(upd)
+	if stamped, err = replica.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("stamping a wep stored without the group label: %v", err)
+	}
+	if err := replica.Delete(ctx, old.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &stamped.ResourceVersion}}); err != nil {
+		t.Errorf("deleting it after the stamp: %v", err)
+	}
 }
 
 // A wep write the API server refuses only because the fencing policy's

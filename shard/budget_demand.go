@@ -70,8 +70,7 @@ const demandStarvedWaits = 2
 // demand reads the limiter's usage since the last adjustment: busy when
 // calls waited for tokens or used most of the share for two adjustments in a
 // row; idle once every adjustment for demandIdleAfter found it well below its
-// share. need is
-// what an idle replica keeps.
+// share. need is what an idle replica keeps.
 func (b *budget) demand(cur Share) (busy bool, need float64) {
 	u, ok := b.setter.(UsageReporter)
 	if !ok {
@@ -101,6 +100,7 @@ func (b *budget) demand(cur Share) (busy bool, need float64) {
 		b.hot = 0
 	}
 	b.lastTaken, b.lastWaited, b.lastAt = taken, waited, now
+	idle := !b.quietSince.IsZero() && now.Sub(b.quietSince) >= demandIdleAfter
 	switch {
 	case starved || b.hot >= 2:
 		b.quietSince = time.Time{}
@@ -108,6 +108,10 @@ func (b *budget) demand(cur Share) (busy bool, need float64) {
 		if b.quietSince.IsZero() {
 			b.quietSince = now
 		}
+	case !idle:
+		// Between half and most of the share: a busy replica stays busy
+		// (the quiet must be unbroken), an idle one stays idle.
+		b.quietSince = time.Time{}
 	}
 	return b.quietSince.IsZero() || now.Sub(b.quietSince) < demandIdleAfter, 2 * b.usage
 }

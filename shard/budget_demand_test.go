@@ -47,6 +47,18 @@ func TestBudget_DemandDoesNotFlap(t *testing.T) {
 			t.Fatalf("a replica bursting every 2 s was judged idle after %v", time.Duration(k+1)*period)
 		}
 	}
+	// Use about half the share (one call a second at 2/s; smoothed, it
+	// swings across half the share): a busy replica stays busy however
+	// long it lasts, since its quiet is broken every other second.
+	for k := range 30 {
+		calls := int64(0)
+		if k%2 == 0 {
+			calls = 1
+		}
+		if !step(calls, 0) {
+			t.Fatalf("a replica using about half its share was judged idle after %v", time.Duration(k+1)*period)
+		}
+	}
 	// Quiet: idle only once demandIdleAfter has passed.
 	var idleAfter time.Duration
 	for k := range 20 {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -43,13 +44,26 @@ const budgetWorkers = 24
 // limit. Churn runs on every node while a replica joins, one leaves
 // gracefully, one is SIGKILLed and started again; then only the nodes of
 // one replica get churn while the others idle.
-func (e *env) runBudget(ctx context.Context, nodes []string) (*budgetResult, error) {
+func (e *env) runBudget(ctx context.Context, nodes []string) (_ *budgetResult, err error) {
 	if err := e.atLeastReplicas(ctx, 3); err != nil {
 		return nil, err
 	}
 	res := &budgetResult{}
 	e.setPhaseArgs("--batch-add-ip-num", "1", "--idle-ip-pool-min-size", "1", "--idle-ip-pool-max-size", "1")
-	defer e.setPhaseArgs()
+	// The items after this one get three replicas with the bench's own
+	// flags, however this one ended (not its one-IP pools).
+	defer func() {
+		e.setPhaseArgs()
+		if ctx.Err() != nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+		defer cancel()
+		for _, r := range e.running() {
+			err = errors.Join(err, r.Restart(rctx))
+		}
+		err = errors.Join(err, e.atLeastReplicas(rctx, 3))
+	}()
 	for _, r := range e.running() {
 		if err := r.Restart(ctx); err != nil {
 			return nil, err
@@ -140,19 +154,9 @@ func (e *env) budgetBusyAlone(ctx context.Context, res *budgetResult, nodes []st
 	}
 	sleep(ctx, 5*time.Second) // let the pools refill after the churn
 	busy := e.f.Replica(0)
-	name, err := self(ctx, busy)
+	mine, err := e.nodesOf(ctx, busy, busy, nodes)
 	if err != nil {
 		return err
-	}
-	holders, err := e.holders(ctx, busy, nodes)
-	if err != nil {
-		return err
-	}
-	var mine []string
-	for _, n := range sortedKeys(holders) {
-		if holders[n] == name {
-			mine = append(mine, n)
-		}
 	}
 	res.busyReplica, res.busyNodes = busy.Index(), len(mine)
 	res.busyStart = time.Now()

@@ -45,25 +45,9 @@ func budgetScaleArgs(follow bool) []string {
 		"--bce-rate", r, "--bce-burst", r, "--bce-op-limits=", "--shard-budget-follow-demand=" + strconv.FormatBool(follow)}
 }
 
-// budgetScale runs item 5b's cells into res; it leaves three replicas
-// running with the bench's own flags.
-func (e *env) budgetScale(ctx context.Context, res *budgetResult, nodes []string) (err error) {
-	defer func() {
-		if ctx.Err() != nil {
-			return
-		}
-		e.setPhaseArgs()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
-		defer cancel()
-		for _, r := range e.running() {
-			if rerr := r.Restart(rctx); rerr != nil && err == nil {
-				err = rerr
-			}
-		}
-		if aerr := e.atLeastReplicas(rctx, 3); aerr != nil && err == nil {
-			err = aerr
-		}
-	}()
+// budgetScale runs item 5b's cells into res; it may leave one replica
+// (runBudget restores three with the bench's own flags).
+func (e *env) budgetScale(ctx context.Context, res *budgetResult, nodes []string) error {
 	restart := func(follow bool) error {
 		e.setPhaseArgs(budgetScaleArgs(follow)...)
 		for _, r := range e.running() {
@@ -115,19 +99,9 @@ func (e *env) budgetScaleCell(ctx context.Context, nodes []string, follow, busyO
 	churned := nodes
 	busy := e.f.Replica(0)
 	if busyOnly {
-		name, err := self(ctx, busy)
-		if err != nil {
+		var err error
+		if churned, err = e.nodesOf(ctx, busy, busy, nodes); err != nil {
 			return cell, err
-		}
-		holders, err := e.holders(ctx, busy, nodes)
-		if err != nil {
-			return cell, err
-		}
-		churned = nil
-		for _, n := range sortedKeys(holders) {
-			if holders[n] == name {
-				churned = append(churned, n)
-			}
 		}
 	}
 	cell.nodes = len(churned)

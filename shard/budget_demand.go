@@ -100,7 +100,6 @@ func (b *budget) demand(cur Share) (busy bool, need float64) {
 		b.hot = 0
 	}
 	b.lastTaken, b.lastWaited, b.lastAt = taken, waited, now
-	idle := !b.quietSince.IsZero() && now.Sub(b.quietSince) >= demandIdleAfter
 	switch {
 	case starved || b.hot >= 2:
 		b.quietSince = time.Time{}
@@ -108,10 +107,15 @@ func (b *budget) demand(cur Share) (busy bool, need float64) {
 		if b.quietSince.IsZero() {
 			b.quietSince = now
 		}
-	case !idle:
+	case !b.idleAt(now):
 		// Between half and most of the share: a busy replica stays busy
 		// (the quiet must be unbroken), an idle one stays idle.
 		b.quietSince = time.Time{}
 	}
-	return b.quietSince.IsZero() || now.Sub(b.quietSince) < demandIdleAfter, 2 * b.usage
+	return !b.idleAt(now), 2 * b.usage
+}
+
+// idleAt reports whether the quiet has lasted demandIdleAfter at now.
+func (b *budget) idleAt(now time.Time) bool {
+	return !b.quietSince.IsZero() && now.Sub(b.quietSince) >= demandIdleAfter
 }

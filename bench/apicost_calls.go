@@ -235,6 +235,33 @@ type kneeRun struct {
 	addPerSecFirst, addPerSecLast  float64
 	delPerSecFirst, delPerSecLast  float64
 	floorPerSecAdd, floorPerSecDel float64
+	// The releases answered and not yet finished (the replicas'
+	// cce_ipam_release_finishes_pending, summed): the most seen while the
+	// calls ran, and how long after the last DEL's answer they were all
+	// finished (-1: not within finishDrainLimit).
+	finishPeak  float64
+	finishDrain time.Duration
+}
+
+// finishDrainLimit bounds the wait for the releases' finishes after a DEL
+// phase.
+const finishDrainLimit = time.Minute
+
+// finishesDone waits until no release answered by a running replica is
+// still finishing (cce_ipam_release_finishes_pending is 0 on all) and
+// returns how long that took.
+func (e *env) finishesDone(ctx context.Context) (time.Duration, error) {
+	began := time.Now()
+	for time.Since(began) < finishDrainLimit {
+		if e.sumMetric(ctx, "cce_ipam_release_finishes_pending", nil) == 0 {
+			return time.Since(began), nil
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		sleep(ctx, 20*time.Millisecond)
+	}
+	return 0, fmt.Errorf("releases still finishing %s after the calls", finishDrainLimit)
 }
 
 // runKnee is item 8b at every concurrency of the profile: the floor (bare
@@ -277,8 +304,26 @@ func (e *env) kneeOnce(ctx context.Context, pods []pod, target func() string, c,
 		return k, fmt.Errorf("floor at c=%d: %w", c, err)
 	}
 	sleep(ctx, 2*time.Second)
-	if k.add, k.del, err = e.addDelPhases(ctx, pods, c, target); err != nil {
+	pending := func() float64 { return e.sumMetric(ctx, "cce_ipam_release_finishes_pending", nil) }
+	sctx, stop := context.WithCancel(ctx)
+	sampled := make(chan float64, 1)
+	go func() {
+		peak := 0.0
+		for sctx.Err() == nil {
+			peak = max(peak, pending())
+			sleep(sctx, 100*time.Millisecond)
+		}
+		sampled <- peak
+	}()
+	k.add, k.del, err = e.addDelPhases(ctx, pods, c, target)
+	stop()
+	k.finishPeak = <-sampled
+	if err != nil {
 		return k, fmt.Errorf("ADD/DEL at c=%d: %w", c, err)
+	}
+	if k.finishDrain, err = e.finishesDone(ctx); err != nil {
+		k.finishDrain = -1
+		e.log.Warn("apicost: releases still finishing", "conc", c, "err", err)
 	}
 	k.addPerSecFirst, k.addPerSecLast = k.add.steadyRates(k.firstLastK, c)
 	k.delPerSecFirst, k.delPerSecLast = k.del.steadyRates(k.firstLastK, c)
@@ -289,7 +334,8 @@ func (e *env) kneeOnce(ctx context.Context, pods []pod, target func() string, c,
 		"del_p50_ms", k.del.quantile(0.5), "del_p99_ms", k.del.quantile(0.99),
 		"floor_create_p99_ms", k.floorAdd.quantile(0.99), "floor_delete_p99_ms", k.floorDel.quantile(0.99),
 		"add_first_per_s", k.addPerSecFirst, "add_last_per_s", k.addPerSecLast,
-		"del_first_per_s", k.delPerSecFirst, "del_last_per_s", k.delPerSecLast)
+		"del_first_per_s", k.delPerSecFirst, "del_last_per_s", k.delPerSecLast,
+		"finish_peak", k.finishPeak, "finish_drain", k.finishDrain)
 	sleep(ctx, 3*time.Second) // cooling (1s) + pool check
 	return k, nil
 }

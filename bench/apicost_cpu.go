@@ -151,6 +151,10 @@ func (e *env) runCPU(ctx context.Context, pods []pod, base baseline) (*cpuResult
 		if _, _, err := e.addDelPhases(ctx, pods, res.conc, target); err != nil {
 			return res, fmt.Errorf("%s: %w", run.label, err)
 		}
+		// The DELs' finishes after their answers are part of the pairs.
+		if _, err := e.finishesDone(ctx); err != nil {
+			return res, fmt.Errorf("%s: %w", run.label, err)
+		}
 		wall := time.Since(start)
 		s1, err := procStats(ctx, r)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/cce-ipam/sharded/bench/report"
 )
@@ -176,7 +177,8 @@ func (b *docBuilder) kneeTables(a *apicostResult) (rates, lat report.Table) {
 	lat = report.Table{
 		Caption: "8b. Latency against the bare wep create / delete at the same concurrency (want DEL p50 ≤ 1.2× ADD p50, p99 ≤ 2× floor)",
 		Header: []string{"replicas", "in flight", "repeat", "ADD p50 ms", "DEL p50 ms", "DEL/ADD p50", "ADD p99 ms", "floor create p99 ms",
-			"ratio", "DEL p99 ms", "floor delete p99 ms", "ratio"},
+			"ratio", "DEL p99 ms", "floor delete p99 ms", "ratio", "releases finishing after their answer: most at once",
+			"all finished, ms after the last DEL", "DELs/s with their finishes"},
 	}
 	for _, runs := range [][]kneeRun{a.knee1, a.knee3} {
 		if len(runs) == 0 {
@@ -210,7 +212,8 @@ func (b *docBuilder) kneeTables(a *apicostResult) (rates, lat report.Table) {
 			lat.Rows = append(lat.Rows, []string{fmt.Sprint(k.replicas), fmt.Sprint(k.conc), fmt.Sprint(k.repeat),
 				report.Num(a50, 1), report.Num(d50, 1), report.Ratio(d50, a50),
 				report.Num(a99, 1), report.Num(fa99, 1), report.Ratio(a99, fa99),
-				report.Num(d99, 1), report.Num(fd99, 1), report.Ratio(d99, fd99)})
+				report.Num(d99, 1), report.Num(fd99, 1), report.Ratio(d99, fd99),
+				report.Num(k.finishPeak, 0), drainText(k.finishDrain), finishedRate(len(k.del.took), k.del.elapsed, k.finishDrain)})
 		}
 		worstRate, worstDelAdd, worstAddP99, worstDelP99 := math.Inf(1), 0.0, 0.0, 0.0
 		for _, c := range cells {
@@ -232,6 +235,22 @@ func (b *docBuilder) kneeTables(a *apicostResult) (rates, lat report.Table) {
 		b.addSummary("8b. DEL p99 / bare delete p99, "+label, "≤ 2×", report.Num(worstDelP99, 2)+"×", targetLine(worstDelP99, 2, "×"))
 	}
 	return rates, lat
+}
+
+// drainText is how long the releases' finishes took after the last DEL.
+func drainText(d time.Duration) string {
+	if d < 0 {
+		return fmt.Sprintf("not within %s", finishDrainLimit)
+	}
+	return report.Num(float64(d.Microseconds())/1000, 0)
+}
+
+// finishedRate is DELs per second counted until their finishes were done.
+func finishedRate(n int, phase, drain time.Duration) string {
+	if drain < 0 || n == 0 {
+		return "—"
+	}
+	return report.Num(float64(n)/(phase+drain).Seconds(), 0)
 }
 
 // kneeWindows is 8b's calls per second in each successive window of 100

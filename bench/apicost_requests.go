@@ -161,6 +161,10 @@ func (e *env) countRequests(ctx context.Context, res *requestsResult, row reqRow
 	if _, err := timedPhase(ctx, row.calls, e.cfg.Profile.Conc, call); err != nil {
 		return fmt.Errorf("%s: %w", row.kind, err)
 	}
+	// A DEL is answered before its finalizer's patch: count those too.
+	if _, err := e.finishesDone(ctx); err != nil {
+		return fmt.Errorf("%s: %w", row.kind, err)
+	}
 	after, err := e.scrapeAPIServer(ctx)
 	if err != nil {
 		return err

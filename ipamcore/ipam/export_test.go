@@ -33,3 +33,7 @@ func (i *IPAM) SubnetCachedForTest(id string) *cce.Subnet { return i.subnetCR(id
 func (i *IPAM) ReleaseSettledForTest(namespace, name string) {
 	i.podLock.lock(namespace + "/" + name)()
 }
+
+// SetFinishPendingMaxForTest sets the bound of releases per node answered
+// and not yet finished (maxFinishPendingPerNode).
+func (i *IPAM) SetFinishPendingMaxForTest(n int) { i.finishPendingMax = n }

@@ -94,9 +94,10 @@ type IPAM struct {
 	store   *datastore.Store
 	podLock keyedMutex
 	known   *knownWEPs // the weps this replica wrote last, for the CNI path (known.go)
-	// finishing bounds the releases finished after their DEL was answered
-	// (finishRelease); with every slot taken a DEL finishes before its answer.
-	finishing chan struct{}
+	// finishing holds the slots of the releases finished after their DEL was
+	// answered (pendingFinish); finishPendingMax bounds those pending per node.
+	finishing        chan struct{}
+	finishPendingMax int
 
 	kubeInformers informers.SharedInformerFactory
 	cceInformers  cceinformers.SharedInformerFactory
@@ -160,7 +161,8 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 		ready:   make(chan struct{}),
 		served:  map[string]*node{},
 
-		finishing: make(chan struct{}, finishSlots),
+		finishing:        make(chan struct{}, finishSlots),
+		finishPendingMax: maxFinishPendingPerNode,
 
 		leakSuspects: map[netip.Addr]time.Time{},
 	}

@@ -28,6 +28,9 @@ type metrics struct {
 	leakOldest    prometheus.Gauge
 	leakPastGrace prometheus.Gauge
 	heldInUse     prometheus.Gauge
+	// finishesPending: releases whose DEL is answered and whose finalizer
+	// removal has not finished (pendingFinish).
+	finishesPending prometheus.Gauge
 	// Writes refused as fenced, by who refused them (the "by" label):
 	// this replica's own fence, before sending anything, or the API
 	// server's fencing policy, a wep write it sent (fencing.go).
@@ -39,6 +42,11 @@ type metrics struct {
 
 const prefetchesHelp = "ENI lists read ahead of a takeover, when another replica's Lease went stale " +
 	"(a takeover within a lease duration starts from it)."
+
+const poolAddedHelp = "IPs added to node pools from the cloud."
+
+const finishesPendingHelp = "Releases whose CNI DEL was answered once the wep's delete was marked and whose " +
+	"finalizer removal (and the address's return to the pool) has not finished yet."
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
@@ -67,9 +75,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		poolErrors: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "cce_ipam_pool_cloud_errors_total", Help: "Cloud errors while growing or trimming pools, by error class.",
 		}, []string{"class"}),
-		poolAdded: f.NewCounter(prometheus.CounterOpts{
-			Name: "cce_ipam_pool_ips_added_total", Help: "IPs added to node pools from the cloud.",
-		}),
+		poolAdded: f.NewCounter(prometheus.CounterOpts{Name: "cce_ipam_pool_ips_added_total", Help: poolAddedHelp}),
 		poolReturned: f.NewCounter(prometheus.CounterOpts{
 			Name: "cce_ipam_pool_ips_returned_total", Help: "Idle IPs returned to the cloud by pool trimming.",
 		}),
@@ -116,6 +122,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Leaked-IP suspects past the leak grace that the last GC pass could not delete (the cloud delete or " +
 				"the check that no pod uses them failed, or the node is no longer ours to act for); retried each pass.",
 		}),
+		finishesPending: f.NewGauge(prometheus.GaugeOpts{Name: "cce_ipam_release_finishes_pending", Help: finishesPendingHelp}),
 		heldInUse: f.NewGauge(prometheus.GaugeOpts{
 			Name: "cce_ipam_ips_held_in_use",
 			Help: "Addresses held out of the pool because a running pod uses them without a WorkloadEndpoint (as of the last GC pass).",

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,9 +35,12 @@ type node struct {
 	done     chan struct{}
 	stopping chan struct{}  // closed by stop: waiting allocations give up
 	inflight sync.WaitGroup // CNI calls, GC and ENI-sync work on the node (IPAM.acquire, acquireWork)
-	stopOnce sync.Once
-	life     context.Context // ended by stop: acquireWork's contexts end with it
-	endLife  context.CancelFunc
+	// finishPending counts releases answered and not yet finished
+	// (pendingFinish; their holds are in inflight).
+	finishPending atomic.Int32
+	stopOnce      sync.Once
+	life          context.Context // ended by stop: acquireWork's contexts end with it
+	endLife       context.CancelFunc
 
 	mu       sync.Mutex
 	missing  map[string]int          // ENI ID → syncs in a row that did not see it

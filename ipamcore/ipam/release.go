@@ -29,17 +29,7 @@ func (i *IPAM) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint, b
 		// finalizer and the address follow under the pod's lock, which a
 		// later call for the pod (a new sandbox's ADD) waits for. Until then
 		// the address stays assigned, so it cannot go to another pod early.
-		select {
-		case i.finishing <- struct{}{}:
-			go func() {
-				defer func() { <-i.finishing }()
-				defer unlock()
-				finish()
-			}()
-		default:
-			finish()
-			unlock()
-		}
+		finish.start(unlock)
 		return ep, ok, err
 	}
 	defer unlock()
@@ -126,7 +116,7 @@ func (i *IPAM) freeReleased(n *node, addr netip.Addr, ref podip.PodRef) {
 // is the rest of a release whose wep's delete is marked (finishRelease): the
 // caller runs it, holding the pod's lock until it returns.
 func (i *IPAM) releaseKnown(ctx context.Context, ref podip.PodRef) (ep podip.Endpoint, ok, done bool,
-	finish func(), err error) {
+	finish *pendingFinish, err error) {
 	n, release, served := i.acquire(ref.Node)
 	if !served {
 		return podip.Endpoint{}, false, false, nil, nil
@@ -180,33 +170,81 @@ func (i *IPAM) releaseKnown(ctx context.Context, ref podip.PodRef) (ep podip.End
 	return rec.ep, true, true, nil, nil
 }
 
-// finishTimeout bounds finishRelease's attempts.
+// finishTimeout bounds finishRelease's attempts, from when a slot is free.
 const finishTimeout = 30 * time.Second
 
-// finishSlots is how many releases may finish after their DEL's answer at
-// once. The answer saves the caller one write's wait while the API server
-// has room; when it has none, the writes cost the same in either order (a
-// DEL is two), and more of them in flight only lengthen every request's
-// wait (bench 8b: with no bound, DEL p50 at 8 and 32 in flight was, per
-// cell's median of 3, 1.3–1.7× the run before the change; with this bound the DEL/ADD ratio there is
-// about what it was but for 3 replicas at 32 in flight, 2.0–2.8× against
-// 1.6–1.7×: README "API cost per CNI call").
-// So a burst of DELs beyond this finishes each before its answer, as before.
+// finishWhenStopping bounds what a pending finish may still try once its
+// node stops being served here: the hand-over waits for it (it holds the
+// node), and the fence lets it write while the node drains.
+const finishWhenStopping = 2 * time.Second
+
+// finishSlots is how many finalizer removals run at once. A DEL's answer
+// does not wait for a slot: its finish waits for one in the background (the
+// pod stays locked and its address assigned meanwhile), so under a burst of
+// DELs the API server serves the DELs' deletes first and the removals follow
+// at this concurrency. Until 12-07 a DEL that found the slots taken finished
+// before its answer; at 8 and 32 DELs in flight most did, and a DEL waited
+// for two writes against an ADD's one (bench 8b: DEL p50 2.2–2.4× the ADD's).
 const finishSlots = 4
+
+// maxFinishPendingPerNode bounds the releases of a node answered and not
+// yet finished. Their addresses stay assigned until they finish, so it
+// bounds what a burst of DELs keeps from the node's pool for a while (the
+// cooling keeps a freed address from reuse for a while too, 5 s by
+// default). A DEL beyond it finishes before its answer, as before.
+const maxFinishPendingPerNode = 64
+
+// pendingFinish is the rest of a release whose DEL is answered (the wep's
+// delete is marked): finishRelease's work.
+type pendingFinish struct {
+	i   *IPAM
+	n   *node
+	run func() // frees the node's hold (acquire's release) when done
+}
+
+// start lets the DEL be answered: the finish runs on its own goroutine,
+// waiting for a slot, under the pod's lock (unlock ends it). With the
+// node's bound of pending finishes reached it runs now, before the answer.
+func (f *pendingFinish) start(unlock func()) {
+	f.i.metrics.finishesPending.Inc()
+	if int(f.n.finishPending.Add(1)) > f.i.finishPendingMax {
+		f.finish(unlock, false)
+		return
+	}
+	go f.finish(unlock, true)
+}
+
+func (f *pendingFinish) finish(unlock func(), wait bool) {
+	defer unlock()
+	defer f.i.metrics.finishesPending.Dec()
+	defer f.n.finishPending.Add(-1)
+	if wait {
+		select {
+		case f.i.finishing <- struct{}{}:
+			defer func() { <-f.i.finishing }()
+		case <-f.n.life.Done():
+			// The node is being handed over, which waits for this: go now.
+		}
+	}
+	f.run()
+}
 
 // finishRelease completes a release whose wep's delete is marked: it
 // removes our finalizer (dropFinalizer), which lets the API server remove
 // the wep, then frees the address. It holds the node (release ends that)
-// so that a hand-over waits for it, and gives up when the node stops being
-// served here. If it cannot finish, the wep stays marked with the address
+// so that a hand-over waits for it, and gives up finishWhenStopping after the
+// node stops being served here. If it cannot finish, the wep stays marked with the address
 // assigned in the datastore, so nothing reuses the address; GC frees it as
 // a deleted pod's wep (freeLeakedPod), here or on the node's next owner.
-func (i *IPAM) finishRelease(n *node, release func(), ref podip.PodRef, rec knownWEP) func() {
-	return func() {
+func (i *IPAM) finishRelease(n *node, release func(), ref podip.PodRef, rec knownWEP) *pendingFinish {
+	return &pendingFinish{i: i, n: n, run: func() {
 		defer release()
 		ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 		defer cancel()
-		defer context.AfterFunc(n.life, cancel)()
+		// Once the node stops being served here, a little longer: the
+		// hand-over waits for this, and the fence allows it while the
+		// node drains.
+		defer context.AfterFunc(n.life, func() { time.AfterFunc(finishWhenStopping, cancel) })()
 		rest := slices.DeleteFunc(slices.Clone(rec.finalizers), func(f string) bool { return f == cce.WorkloadEndpointFinalizer })
 		backoff := 50 * time.Millisecond
 		for {
@@ -232,7 +270,7 @@ func (i *IPAM) finishRelease(n *node, release func(), ref podip.PodRef, rec know
 			}
 			backoff = min(2*backoff, 2*time.Second)
 		}
-	}
+	}}
 }
 
 // keepOnRelease writes the wep of a released pod whose address stays

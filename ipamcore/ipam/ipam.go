@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,11 +94,10 @@ type IPAM struct {
 	store   *datastore.Store
 	podLock keyedMutex
 	known   *knownWEPs // the weps this replica wrote last, for the CNI path (known.go)
-	// finishes runs the releases finished after their DEL was answered
-	// (pendingFinish); finishPendingMax bounds those pending per node.
-	finishes         finishQueue
+	// finishing holds the slots of the releases finished after their DEL was
+	// answered (pendingFinish); finishPendingMax bounds those pending per node.
+	finishing        chan struct{}
 	finishPendingMax int
-	cniActive        atomic.Int64 // CNI calls in flight here (cniCall)
 
 	kubeInformers informers.SharedInformerFactory
 	cceInformers  cceinformers.SharedInformerFactory
@@ -163,11 +161,11 @@ func New(cfg Config, deps Deps, log *slog.Logger, reg prometheus.Registerer) (*I
 		ready:   make(chan struct{}),
 		served:  map[string]*node{},
 
+		finishing:        make(chan struct{}, finishSlots),
 		finishPendingMax: maxFinishPendingPerNode,
 
 		leakSuspects: map[netip.Addr]time.Time{},
 	}
-	i.finishes.busy = func() bool { return i.cniActive.Load() > 0 }
 	if reg != nil {
 		if err := reg.Register(newPoolCollector(i)); err != nil {
 			return nil, fmt.Errorf("register pool metrics: %w", err)

@@ -22,7 +22,6 @@ import (
 // a cache: a DEL right after an ADD must see the ADD's wep, or the IP would
 // stay assigned to nobody until GC.
 func (i *IPAM) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
-	defer i.cniCall()()
 	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
 	ep, ok, handled, finish, err := i.releaseKnown(ctx, ref)
 	if finish != nil {
@@ -179,14 +178,13 @@ const finishTimeout = 30 * time.Second
 // node), and the fence lets it write while the node drains.
 const finishWhenStopping = 2 * time.Second
 
-// finishSlots is how many finalizer removals run at once while no CNI call
-// is in flight here (one while calls are: finishQueue). A DEL's answer does
-// not wait for a slot: its finish waits for one in the background (the pod
-// stays locked and its address assigned meanwhile), so under a burst of DELs
-// the API server serves the DELs' deletes first and the removals follow.
-// Until 12-07 a DEL that found the 4 slots taken finished before its answer;
-// at 8 and 32 DELs in flight most did, and a DEL waited for two writes
-// against an ADD's one (bench 8b: DEL p50 2.2–2.4× the ADD's).
+// finishSlots is how many finalizer removals run at once. A DEL's answer
+// does not wait for a slot: its finish waits for one in the background (the
+// pod stays locked and its address assigned meanwhile), so under a burst of
+// DELs the API server serves the DELs' deletes first and the removals follow
+// at this concurrency. Until 12-07 a DEL that found the slots taken finished
+// before its answer; at 8 and 32 DELs in flight most did, and a DEL waited
+// for two writes against an ADD's one (bench 8b: DEL p50 2.2–2.4× the ADD's).
 const finishSlots = 4
 
 // maxFinishPendingPerNode bounds the releases of a node answered and not
@@ -195,17 +193,6 @@ const finishSlots = 4
 // cooling keeps a freed address from reuse for a while too, 5 s by
 // default). A DEL beyond it finishes before its answer, as before.
 const maxFinishPendingPerNode = 64
-
-// cniCall counts a CNI call in flight until the returned func is called;
-// the releases finishing after their answers run one at a time meanwhile.
-func (i *IPAM) cniCall() (end func()) {
-	i.cniActive.Add(1)
-	return func() {
-		if i.cniActive.Add(-1) == 0 {
-			i.finishes.kick()
-		}
-	}
-}
 
 // pendingFinish is the rest of a release whose DEL is answered (the wep's
 // delete is marked): finishRelease's work.
@@ -231,10 +218,13 @@ func (f *pendingFinish) finish(unlock func(), wait bool) {
 	defer unlock()
 	defer f.i.metrics.finishesPending.Dec()
 	defer f.n.finishPending.Add(-1)
-	// Once the node is being handed over, which waits for this, it goes
-	// without a slot.
-	if wait && f.i.finishes.wait(f.n.life.Done()) {
-		defer f.i.finishes.done()
+	if wait {
+		select {
+		case f.i.finishing <- struct{}{}:
+			defer func() { <-f.i.finishing }()
+		case <-f.n.life.Done():
+			// The node is being handed over, which waits for this: go now.
+		}
 	}
 	f.run()
 }
@@ -307,7 +297,6 @@ func (i *IPAM) keepOnRelease(ctx context.Context, upd *cce.WorkloadEndpoint, tok
 // it. The node's owner answers from the wep it wrote for the sandbox (the
 // router sends CheckIP there), any other replica reads it.
 func (i *IPAM) Check(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
-	defer i.cniCall()()
 	if n, release, served := i.acquire(ref.Node); served {
 		rec, known := i.knownFor(n, ref)
 		release()

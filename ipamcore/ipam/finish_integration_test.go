@@ -190,3 +190,55 @@ func TestIPAM_PendingFinishesGoWhenTheNodeStops(t *testing.T) {
 	}
 	t.Logf("StopServingNode with 4 finishes stuck and 2 queued took %s", took)
 }
+
+// A CNI call for a pod whose release still waits for a slot (a new
+// sandbox's ADD) waits for that release, since it takes the pod's lock; the
+// release then goes at once instead of behind the others', here behind 4
+// patches that never end.
+func TestIPAM_NewSandboxHurriesItsPodsPendingFinish(t *testing.T) {
+	e, wire, srv, refs := addedPods(t, "rh", 5)
+	stuck, ref := refs[:4], refs[4]
+	var names []string
+	for _, r := range stuck {
+		names = append(names, r.Name)
+	}
+	gateWEPPatches(t, wire, names...)
+	for _, r := range refs {
+		select {
+		case rep := <-delAsync(srv, r):
+			if !rep.IsSuccess {
+				t.Fatalf("DEL %s = %v", r.Name, rep)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("DEL %s was not answered", r.Name)
+		}
+	}
+
+	next := ref
+	next.ContainerID += "-next"
+	added := make(chan *rpc.AllocateIPReply, 1)
+	go func() {
+		r, err := srv.AllocateIP(context.Background(), &rpc.AllocateIPRequest{K8SPodName: next.Name,
+			K8SPodNamespace: next.Namespace, K8SPodInfraContainerID: next.ContainerID, K8SNodeName: next.Node,
+			IPType: rpc.IPType_BCCMultiENIMultiIPType})
+		if err != nil {
+			r = &rpc.AllocateIPReply{ErrMsg: err.Error()}
+		}
+		added <- r
+	}()
+	var r *rpc.AllocateIPReply
+	select {
+	case r = <-added:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the new sandbox's ADD waited behind other pods' finishes (their 4 slots are stuck)")
+	}
+	if !r.IsSuccess {
+		t.Fatalf("the new sandbox's ADD = %v", r)
+	}
+	live, err := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns).Get(e.ctx, ref.Name, metav1.GetOptions{})
+	if err != nil || live.DeletionTimestamp != nil || live.Spec.ContainerID != next.ContainerID ||
+		live.Spec.IP != r.GetENIMultiIP().GetIP() {
+		t.Fatalf("wep after the new sandbox's ADD: %+v, err %v; want a live wep of %s with %s", live, err,
+			next.ContainerID, r.GetENIMultiIP().GetIP())
+	}
+}

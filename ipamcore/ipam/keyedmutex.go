@@ -15,7 +15,21 @@ type refMutex struct {
 }
 
 // lock locks key and returns its unlock func.
-func (k *keyedMutex) lock(key string) func() {
+func (k *keyedMutex) lock(key string) func() { return k.lockAfter(key, nil) }
+
+// others reports how many calls hold or wait for key besides one holder.
+func (k *keyedMutex) others(key string) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if m, ok := k.locks[key]; ok {
+		return m.refs - 1
+	}
+	return 0
+}
+
+// lockAfter is lock; queued, if set, runs once this call counts among
+// key's others and before it waits for the lock.
+func (k *keyedMutex) lockAfter(key string, queued func()) func() {
 	k.mu.Lock()
 	if k.locks == nil {
 		k.locks = map[string]*refMutex{}
@@ -27,6 +41,9 @@ func (k *keyedMutex) lock(key string) func() {
 	}
 	m.refs++
 	k.mu.Unlock()
+	if queued != nil {
+		queued()
+	}
 
 	m.Lock()
 	return func() {

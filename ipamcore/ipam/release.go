@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,7 +23,7 @@ import (
 // a cache: a DEL right after an ADD must see the ADD's wep, or the IP would
 // stay assigned to nobody until GC.
 func (i *IPAM) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
-	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
+	unlock := i.lockPod(ref)
 	ep, ok, handled, finish, err := i.releaseKnown(ctx, ref)
 	if finish != nil {
 		// The wep's delete is marked: the call is answered now, and the
@@ -197,9 +198,29 @@ const maxFinishPendingPerNode = 64
 // pendingFinish is the rest of a release whose DEL is answered (the wep's
 // delete is marked): finishRelease's work.
 type pendingFinish struct {
-	i   *IPAM
-	n   *node
-	run func() // frees the node's hold (acquire's release) when done
+	i    *IPAM
+	n    *node
+	key  string // the pod's lock
+	run  func() // frees the node's hold (acquire's release) when done
+	once sync.Once
+	rush chan struct{} // closed: go without waiting for a slot
+}
+
+// hurry lets the finish go without a slot: a CNI call for its pod waits for
+// it (a new sandbox's ADD), and would otherwise wait behind the others.
+func (f *pendingFinish) hurry() { f.once.Do(func() { close(f.rush) }) }
+
+// lockPod takes the pod's lock for a CNI call. A release of the pod that
+// still waits for a slot is what the call waits for: it goes at once. Either
+// the call finds it registered (pendingByPod), or it finds the call among
+// the lock's waiters (start), whichever came second.
+func (i *IPAM) lockPod(ref podip.PodRef) func() {
+	key := ref.Namespace + "/" + ref.Name
+	return i.podLock.lockAfter(key, func() {
+		if f, ok := i.pendingByPod.Load(key); ok {
+			f.(*pendingFinish).hurry()
+		}
+	})
 }
 
 // start lets the DEL be answered: the finish runs on its own goroutine,
@@ -211,6 +232,10 @@ func (f *pendingFinish) start(unlock func()) {
 		f.finish(unlock, false)
 		return
 	}
+	f.i.pendingByPod.Store(f.key, f)
+	if f.i.podLock.others(f.key) > 0 {
+		f.hurry()
+	}
 	go f.finish(unlock, true)
 }
 
@@ -219,11 +244,13 @@ func (f *pendingFinish) finish(unlock func(), wait bool) {
 	defer f.i.metrics.finishesPending.Dec()
 	defer f.n.finishPending.Add(-1)
 	if wait {
+		defer f.i.pendingByPod.CompareAndDelete(f.key, f)
 		select {
 		case f.i.finishing <- struct{}{}:
 			defer func() { <-f.i.finishing }()
 		case <-f.n.life.Done():
 			// The node is being handed over, which waits for this: go now.
+		case <-f.rush:
 		}
 	}
 	f.run()
@@ -237,7 +264,7 @@ func (f *pendingFinish) finish(unlock func(), wait bool) {
 // assigned in the datastore, so nothing reuses the address; GC frees it as
 // a deleted pod's wep (freeLeakedPod), here or on the node's next owner.
 func (i *IPAM) finishRelease(n *node, release func(), ref podip.PodRef, rec knownWEP) *pendingFinish {
-	return &pendingFinish{i: i, n: n, run: func() {
+	return &pendingFinish{i: i, n: n, key: ref.Namespace + "/" + ref.Name, rush: make(chan struct{}), run: func() {
 		defer release()
 		ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 		defer cancel()

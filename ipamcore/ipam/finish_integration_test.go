@@ -57,6 +57,27 @@ func gateWEPPatches(t *testing.T, wire *requestLog, names ...string) (open func(
 	return open
 }
 
+// stuckPatchesThenDEL holds the finalizer patches of stuck's weps for the
+// rest of the test, then DELs every pod of refs, each answered.
+func stuckPatchesThenDEL(t *testing.T, wire *requestLog, srv *cni.Server, stuck, refs []podip.PodRef) {
+	t.Helper()
+	var names []string
+	for _, r := range stuck {
+		names = append(names, r.Name)
+	}
+	gateWEPPatches(t, wire, names...)
+	for _, r := range refs {
+		select {
+		case rep := <-delAsync(srv, r):
+			if !rep.IsSuccess {
+				t.Fatalf("DEL %s = %v", r.Name, rep)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("DEL %s was not answered", r.Name)
+		}
+	}
+}
+
 // delAsync sends a DEL and delivers its reply.
 func delAsync(srv *cni.Server, ref podip.PodRef) <-chan *rpc.ReleaseIPReply {
 	out := make(chan *rpc.ReleaseIPReply, 1)
@@ -148,22 +169,8 @@ func TestIPAM_DELBurstAnsweredWhileFinishesWait(t *testing.T) {
 func TestIPAM_PendingFinishesGoWhenTheNodeStops(t *testing.T) {
 	e, wire, srv, refs := addedPods(t, "rs", 6)
 	stuck, queued := refs[:4], refs[4:] // the stuck ones take the 4 slots
-	var names []string
-	for _, ref := range stuck {
-		names = append(names, ref.Name)
-	}
-	gateWEPPatches(t, wire, names...)
+	stuckPatchesThenDEL(t, wire, srv, stuck, refs)
 	weps := e.cce.CceV1alpha1().WorkloadEndpoints(e.ns)
-	for _, ref := range refs {
-		select {
-		case r := <-delAsync(srv, ref):
-			if !r.IsSuccess {
-				t.Fatalf("DEL %s = %v", ref.Name, r)
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatalf("DEL %s was not answered", ref.Name)
-		}
-	}
 	time.Sleep(300 * time.Millisecond)
 	for _, ref := range queued {
 		if w, err := weps.Get(e.ctx, ref.Name, metav1.GetOptions{}); err != nil || w.DeletionTimestamp == nil {
@@ -198,21 +205,7 @@ func TestIPAM_PendingFinishesGoWhenTheNodeStops(t *testing.T) {
 func TestIPAM_NewSandboxHurriesItsPodsPendingFinish(t *testing.T) {
 	e, wire, srv, refs := addedPods(t, "rh", 5)
 	stuck, ref := refs[:4], refs[4]
-	var names []string
-	for _, r := range stuck {
-		names = append(names, r.Name)
-	}
-	gateWEPPatches(t, wire, names...)
-	for _, r := range refs {
-		select {
-		case rep := <-delAsync(srv, r):
-			if !rep.IsSuccess {
-				t.Fatalf("DEL %s = %v", r.Name, rep)
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatalf("DEL %s was not answered", r.Name)
-		}
-	}
+	stuckPatchesThenDEL(t, wire, srv, stuck, refs)
 
 	next := ref
 	next.ContainerID += "-next"

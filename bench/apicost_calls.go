@@ -247,13 +247,19 @@ type kneeRun struct {
 // phase.
 const finishDrainLimit = time.Minute
 
+// finishesPending is the releases answered and not yet finished, over the
+// running replicas.
+func (e *env) finishesPending(ctx context.Context) float64 {
+	return e.sumMetric(ctx, "cce_ipam_release_finishes_pending", nil)
+}
+
 // finishesDone waits until no release answered by a running replica is
 // still finishing (cce_ipam_release_finishes_pending is 0 on all) and
 // returns how long that took.
 func (e *env) finishesDone(ctx context.Context) (time.Duration, error) {
 	began := time.Now()
 	for time.Since(began) < finishDrainLimit {
-		if e.sumMetric(ctx, "cce_ipam_release_finishes_pending", nil) == 0 {
+		if e.finishesPending(ctx) == 0 {
 			return time.Since(began), nil
 		}
 		if err := ctx.Err(); err != nil {
@@ -304,13 +310,12 @@ func (e *env) kneeOnce(ctx context.Context, pods []pod, target func() string, c,
 		return k, fmt.Errorf("floor at c=%d: %w", c, err)
 	}
 	sleep(ctx, 2*time.Second)
-	pending := func() float64 { return e.sumMetric(ctx, "cce_ipam_release_finishes_pending", nil) }
 	sctx, stop := context.WithCancel(ctx)
 	sampled := make(chan float64, 1)
 	go func() {
 		peak := 0.0
 		for sctx.Err() == nil {
-			peak = max(peak, pending())
+			peak = max(peak, e.finishesPending(ctx))
 			sleep(sctx, 100*time.Millisecond)
 		}
 		sampled <- peak

@@ -29,7 +29,7 @@ var ErrWrongNode = errors.New("pod not bound to the calling node")
 // Allocate implements podip.Backend: ordinary pods from the warm pool,
 // fixed-IP StatefulSet pods their reserved address.
 func (i *IPAM) Allocate(ctx context.Context, ref podip.PodRef) (podip.Endpoint, error) {
-	unlock := i.lockPod(ref)
+	unlock := i.podLock.lock(ref.Namespace + "/" + ref.Name)
 	defer unlock()
 
 	pod, err := i.getPod(ctx, ref)

@@ -98,7 +98,6 @@ type IPAM struct {
 	// answered (pendingFinish); finishPendingMax bounds those pending per node.
 	finishing        chan struct{}
 	finishPendingMax int
-	pendingByPod     sync.Map // pod key → *pendingFinish waiting for a slot
 
 	kubeInformers informers.SharedInformerFactory
 	cceInformers  cceinformers.SharedInformerFactory

@@ -12,24 +12,25 @@ type keyedMutex struct {
 type refMutex struct {
 	sync.Mutex
 	refs int
+	// waited is the watching holder's channel (lockWatched), closed when
+	// another call comes for the key; nil once closed or not watched.
+	waited chan struct{}
 }
 
 // lock locks key and returns its unlock func.
-func (k *keyedMutex) lock(key string) func() { return k.lockAfter(key, nil) }
-
-// others reports how many calls hold or wait for key besides one holder.
-func (k *keyedMutex) others(key string) int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if m, ok := k.locks[key]; ok {
-		return m.refs - 1
-	}
-	return 0
+func (k *keyedMutex) lock(key string) func() {
+	unlock, _ := k.acquire(key, false)
+	return unlock
 }
 
-// lockAfter is lock; queued, if set, runs once this call counts among
-// key's others and before it waits for the lock.
-func (k *keyedMutex) lockAfter(key string, queued func()) func() {
+// lockWatched is lock, and also returns a channel closed once another call
+// waits for key while this one holds it: a holder that could go faster
+// when someone waits (a release finishing after its answer) learns so.
+func (k *keyedMutex) lockWatched(key string) (unlock func(), waited <-chan struct{}) {
+	return k.acquire(key, true)
+}
+
+func (k *keyedMutex) acquire(key string, watch bool) (func(), <-chan struct{}) {
 	k.mu.Lock()
 	if k.locks == nil {
 		k.locks = map[string]*refMutex{}
@@ -40,19 +41,37 @@ func (k *keyedMutex) lockAfter(key string, queued func()) func() {
 		k.locks[key] = m
 	}
 	m.refs++
-	k.mu.Unlock()
-	if queued != nil {
-		queued()
+	if m.waited != nil {
+		close(m.waited)
+		m.waited = nil
 	}
+	k.mu.Unlock()
 
 	m.Lock()
-	return func() {
-		m.Unlock()
+	var waited chan struct{}
+	if watch {
+		waited = make(chan struct{})
 		k.mu.Lock()
+		if m.refs > 1 {
+			close(waited)
+		} else {
+			m.waited = waited
+		}
+		k.mu.Unlock()
+	}
+	return func() {
+		// Counted out before the unlock, so that the next holder counts
+		// only calls still to come (refs is not a lock: the holding is
+		// over once this runs).
+		k.mu.Lock()
+		if waited != nil && m.waited == waited {
+			m.waited = nil
+		}
 		m.refs--
 		if m.refs == 0 {
 			delete(k.locks, key)
 		}
 		k.mu.Unlock()
-	}
+		m.Unlock()
+	}, waited
 }

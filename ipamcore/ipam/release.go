@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -23,14 +22,14 @@ import (
 // a cache: a DEL right after an ADD must see the ADD's wep, or the IP would
 // stay assigned to nobody until GC.
 func (i *IPAM) Release(ctx context.Context, ref podip.PodRef) (podip.Endpoint, bool, error) {
-	unlock := i.lockPod(ref)
+	unlock, waited := i.podLock.lockWatched(ref.Namespace + "/" + ref.Name)
 	ep, ok, handled, finish, err := i.releaseKnown(ctx, ref)
 	if finish != nil {
 		// The wep's delete is marked: the call is answered now, and the
 		// finalizer and the address follow under the pod's lock, which a
 		// later call for the pod (a new sandbox's ADD) waits for. Until then
 		// the address stays assigned, so it cannot go to another pod early.
-		finish.start(unlock)
+		finish.start(unlock, waited)
 		return ep, ok, err
 	}
 	defer unlock()
@@ -198,59 +197,37 @@ const maxFinishPendingPerNode = 64
 // pendingFinish is the rest of a release whose DEL is answered (the wep's
 // delete is marked): finishRelease's work.
 type pendingFinish struct {
-	i    *IPAM
-	n    *node
-	key  string // the pod's lock
-	run  func() // frees the node's hold (acquire's release) when done
-	once sync.Once
-	rush chan struct{} // closed: go without waiting for a slot
-}
-
-// hurry lets the finish go without a slot: a CNI call for its pod waits for
-// it (a new sandbox's ADD), and would otherwise wait behind the others.
-func (f *pendingFinish) hurry() { f.once.Do(func() { close(f.rush) }) }
-
-// lockPod takes the pod's lock for a CNI call. A release of the pod that
-// still waits for a slot is what the call waits for: it goes at once. Either
-// the call finds it registered (pendingByPod), or it finds the call among
-// the lock's waiters (start), whichever came second.
-func (i *IPAM) lockPod(ref podip.PodRef) func() {
-	key := ref.Namespace + "/" + ref.Name
-	return i.podLock.lockAfter(key, func() {
-		if f, ok := i.pendingByPod.Load(key); ok {
-			f.(*pendingFinish).hurry()
-		}
-	})
+	i   *IPAM
+	n   *node
+	run func() // frees the node's hold (acquire's release) when done
 }
 
 // start lets the DEL be answered: the finish runs on its own goroutine,
-// waiting for a slot, under the pod's lock (unlock ends it). With the
-// node's bound of pending finishes reached it runs now, before the answer.
-func (f *pendingFinish) start(unlock func()) {
+// waiting for a slot, under the pod's lock (unlock ends it; waited is closed
+// once another call waits for that lock). With the node's bound of pending
+// finishes reached it runs now, before the answer.
+func (f *pendingFinish) start(unlock func(), waited <-chan struct{}) {
 	f.i.metrics.finishesPending.Inc()
 	if int(f.n.finishPending.Add(1)) > f.i.finishPendingMax {
-		f.finish(unlock, false)
+		f.finish(unlock, nil, false)
 		return
 	}
-	f.i.pendingByPod.Store(f.key, f)
-	if f.i.podLock.others(f.key) > 0 {
-		f.hurry()
-	}
-	go f.finish(unlock, true)
+	go f.finish(unlock, waited, true)
 }
 
-func (f *pendingFinish) finish(unlock func(), wait bool) {
+func (f *pendingFinish) finish(unlock func(), waited <-chan struct{}, wait bool) {
 	defer unlock()
 	defer f.i.metrics.finishesPending.Dec()
 	defer f.n.finishPending.Add(-1)
 	if wait {
-		defer f.i.pendingByPod.CompareAndDelete(f.key, f)
 		select {
 		case f.i.finishing <- struct{}{}:
 			defer func() { <-f.i.finishing }()
 		case <-f.n.life.Done():
 			// The node is being handed over, which waits for this: go now.
-		case <-f.rush:
+		case <-waited:
+			// A call for the pod (a new sandbox's ADD) waits for this on
+			// the pod's lock: go now, not behind the other pods' finishes.
 		}
 	}
 	f.run()
@@ -264,7 +241,7 @@ func (f *pendingFinish) finish(unlock func(), wait bool) {
 // assigned in the datastore, so nothing reuses the address; GC frees it as
 // a deleted pod's wep (freeLeakedPod), here or on the node's next owner.
 func (i *IPAM) finishRelease(n *node, release func(), ref podip.PodRef, rec knownWEP) *pendingFinish {
-	return &pendingFinish{i: i, n: n, key: ref.Namespace + "/" + ref.Name, rush: make(chan struct{}), run: func() {
+	return &pendingFinish{i: i, n: n, run: func() {
 		defer release()
 		ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 		defer cancel()

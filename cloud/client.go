@@ -667,11 +667,17 @@ func (c *Client) CreateENI(ctx context.Context, req CreateENIRequest) (string, e
 		return "", invalid(op, req.SubnetID, "an ENI takes security groups or enterprise security groups, not both")
 	case req.PrimaryIP != "" && !validIP(req.PrimaryIP):
 		return "", invalid(op, req.SubnetID, "malformed primary address %q", req.PrimaryIP)
+	case req.SecondaryIPs < 0 || req.SecondaryIPs > MaxCreateSecondaryIPs:
+		return "", invalid(op, req.SubnetID, "%d secondary addresses: want 0 to %d", req.SecondaryIPs, MaxCreateSecondaryIPs)
+	}
+	ips := make([]eni.PrivateIp, 1, 1+req.SecondaryIPs)
+	ips[0] = eni.PrivateIp{Primary: true, PrivateIpAddress: req.PrimaryIP}
+	for range req.SecondaryIPs {
+		ips = append(ips, eni.PrivateIp{}) // auto-assigned by BCE
 	}
 	args := &eni.CreateEniArgs{ClientToken: newClientToken(), Name: req.Name, SubnetId: req.SubnetID,
 		SecurityGroupIds: req.SecurityGroupIDs, EnterpriseSecurityGroupIds: req.EnterpriseSecurityGroupIDs,
-		Description:  req.Description,
-		PrivateIpSet: []eni.PrivateIp{{Primary: true, PrivateIpAddress: req.PrimaryIP}}}
+		Description: req.Description, PrivateIpSet: ips}
 	var id string
 	err := c.do(ctx, op, req.SubnetID, func(s *sdkSet) error {
 		res, err := s.eni.CreateEni(args)

@@ -409,3 +409,45 @@ func TestConformance_SetAttachDelay(t *testing.T) {
 		}
 	}
 }
+
+// An ENI can be created holding auto-assigned secondary addresses beside its
+// primary (CreateENI's privateIpSet); the attach then checks them against
+// the instance's cap, and a count outside the bounds never reaches BCE.
+func TestConformance_CreateENIWithSecondaryAddresses(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := context.Background()
+	free0 := available(t, e, e.subnet)
+	id, err := e.client.CreateENI(ctx, cloud.CreateENIRequest{Name: "c-1/i-128g/node1/with05", SubnetID: e.subnet,
+		SecurityGroupIDs: []string{e.sg}, SecondaryIPs: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.client.GetENI(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	primaries := 0
+	for _, ip := range got.PrivateIPs {
+		if ip.Primary {
+			primaries++
+		}
+	}
+	if len(got.PrivateIPs) != 6 || primaries != 1 {
+		t.Fatalf("eni created with 5 secondary addresses holds %v (%d primary)", addrs(got), primaries)
+	}
+	if n := available(t, e, e.subnet); n != free0-6 {
+		t.Fatalf("availableIp after the create = %d, want %d", n, free0-6)
+	}
+	attach(t, e, id, e.i128g)
+
+	for _, n := range []int{-1, cloud.MaxCreateSecondaryIPs + 1} {
+		_, err := e.client.CreateENI(ctx, cloud.CreateENIRequest{Name: "c-1/i-128g/node1/badcnt", SubnetID: e.subnet,
+			SecurityGroupIDs: []string{e.sg}, SecondaryIPs: n})
+		if !errors.Is(err, cloud.ErrInvalidRequest) {
+			t.Fatalf("%d secondary addresses: %v, want an invalid request", n, err)
+		}
+	}
+	if c := e.srv.Stats().Ops[bcesim.OpCreateENI].Calls; c != 1 {
+		t.Fatalf("bce-sim saw %d CreateENI calls, want 1 (the bad counts are refused before the call)", c)
+	}
+}

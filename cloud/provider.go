@@ -129,7 +129,16 @@ type CreateENIRequest struct {
 	EnterpriseSecurityGroupIDs []string
 	Description                string
 	PrimaryIP                  string
+	// SecondaryIPs is how many auto-assigned secondary addresses the ENI is
+	// created with (the create's privateIpSet holds them beside the
+	// primary), at most MaxCreateSecondaryIPs. 0: the primary only, as the
+	// reference creates ENIs.
+	SecondaryIPs int
 }
+
+// MaxCreateSecondaryIPs bounds CreateENIRequest.SecondaryIPs: more than any
+// ENI holds (BCE's per-ENI cap by instance memory is at most 40 addresses).
+const MaxCreateSecondaryIPs = 64
 
 // BatchAddRequest asks for Count auto-assigned addresses or for the explicit
 // IPs, not both; either way at most MaxBatchIPs.

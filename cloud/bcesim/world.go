@@ -35,6 +35,10 @@ type WorldConfig struct {
 	MaxUnattachedENIsPerVPC int
 	// Seed makes IDs and MAC addresses reproducible.
 	Seed uint64
+	// CreateENIPrimaryOnly refuses (400 BadRequest) an ENI created with
+	// secondary addresses in its privateIpSet: a BCE that takes only the
+	// primary at creation, for clients that must fall back.
+	CreateENIPrimaryOnly bool
 }
 
 // World is the pure model of one BCE region: VPCs, subnets, instances,

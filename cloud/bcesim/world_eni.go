@@ -223,6 +223,9 @@ func (w *World) CreateENI(now time.Time, in CreateENIInput) (string, error) {
 	if primaries != 1 {
 		return "", errBadParam("privateIpSet must hold exactly one primary address, got %d", primaries)
 	}
+	if w.cfg.CreateENIPrimaryOnly && len(in.PrivateIPs) > 1 {
+		return "", errBadParam("privateIpSet: only the primary address is taken at creation")
+	}
 	if len(in.PrivateIPs) > maxIPsUnattached {
 		return "", apiErr(http.StatusBadRequest, CodeVMMemoryIPCap, "an eni holds at most %d addresses", maxIPsUnattached)
 	}

@@ -55,6 +55,11 @@ type Config struct {
 	// LeakedENIAge: an ENI of the cluster left unattached this long after
 	// its creation is deleted by the ENI sync. Defaults to 3m.
 	LeakedENIAge time.Duration
+	// ENICreateWithIPs: a new ENI created for allocations that wait beyond
+	// the attached ENIs' room holds their addresses from its creation
+	// (CreateENI's privateIpSet) instead of getting them by batch adds
+	// after its attach. Defaults to true.
+	ENICreateWithIPs bool
 	// SubnetSelection chooses the subnet of a new ENI among its IPPool's:
 	// MostFreeIP (default) or LeastENI.
 	SubnetSelection string
@@ -92,6 +97,9 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 		"how often the cluster's ENIs are listed to adopt, drop and clean up ENIs and to update IPPool status")
 	fs.DurationVar(&c.LeakedENIAge, "leaked-eni-age", 3*time.Minute,
 		"an unattached ENI of the cluster older than this is deleted by the ENI sync")
+	fs.BoolVar(&c.ENICreateWithIPs, "eni-create-with-ips", true,
+		"create a new ENI holding the addresses of the allocations waiting for it (CreateENI's privateIpSet), "+
+			"so a burst that outgrew the node's ENIs needs no batch adds on it; false: the primary only, as the reference")
 	fs.StringVar(&c.SubnetSelection, "eni-subnet-selection", SubnetMostFreeIP,
 		"subnet of a new ENI among its IPPool's: MostFreeIP or LeastENI")
 	fs.DurationVar(&c.GCPeriod, "gc-period", 120*time.Second,

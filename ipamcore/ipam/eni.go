@@ -37,9 +37,13 @@ const (
 // IPPools (eniplan.go) chosen by the configured policy, attaches it and
 // records it. At most one creation runs per node (beginENI), on the pool
 // worker or on an ahead-of-demand goroutine of the ENI sync (eniahead.go).
-// On failure the ENI is deleted again, so nothing leaks, and the node gets
-// a Warning event.
-func (i *IPAM) createENI(ctx context.Context, n *node) error {
+// For the pool (forPool; not ahead of demand, where no allocation waits) it
+// is created holding the addresses the pool wants beyond the attached ENIs'
+// room (beyondRoom, eniAddresses), so a burst that outgrew the node's ENIs
+// needs no batch adds on the new one, each a call at the replica's share of
+// the per-operation limit. On failure the ENI is deleted again, so nothing
+// leaks, and the node gets a Warning event.
+func (i *IPAM) createENI(ctx context.Context, n *node, forPool bool) error {
 	k8sNode, err := i.nodes.Get(n.name)
 	if err != nil {
 		return fmt.Errorf("get node: %w", err)
@@ -56,25 +60,72 @@ func (i *IPAM) createENI(ctx context.Context, n *node) error {
 		i.log.Warn("no subnet with free IPs for a new ENI", "node", n.name, "err", err)
 		return err
 	}
+	addrs := 0
+	if forPool {
+		addrs = i.eniAddresses(n, subnet, i.beyondRoom(n))
+	}
+	eniID, err := i.createAndAttach(ctx, n, pl, subnet.ID, addrs)
+	if err != nil && addrs > 0 && refusedForItsAddresses(err) {
+		// The cloud may cap the instance's addresses below what the node
+		// says, have fewer free than it described, or not take secondary
+		// addresses at creation at all: the reference's ENI, the primary
+		// only, is still wanted, and batch adds bring the rest.
+		if errors.Is(err, cloud.ErrInvalidRequest) {
+			i.createWithAddrsRefused.Store(true)
+		}
+		i.log.Warn("creating an ENI with its addresses failed; creating it with its primary only",
+			"node", n.name, "addresses", addrs, "err", err)
+		addrs = 0
+		eniID, err = i.createAndAttach(ctx, n, pl, subnet.ID, 0)
+	}
+	if err != nil {
+		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "%v", err)
+		return err
+	}
+	i.metrics.enisCreated.Inc()
+	i.events.Eventf(k8sNode, corev1.EventTypeNormal, "CreateNewENI", "created and attached %s in subnet %s", eniID, subnet.ID)
+	i.log.Info("created ENI", "node", n.name, "eni", eniID, "subnet", subnet.ID, "addresses", addrs)
+	return nil
+}
+
+// eniAddresses is how many secondary addresses a new ENI is created with:
+// want, within the ENI's capacity and the subnet's free addresses (the primary takes one). None when turned off
+// (--eni-create-with-ips) or once the cloud refused such a creation.
+func (i *IPAM) eniAddresses(n *node, subnet *cloud.Subnet, want int) int {
+	if !i.cfg.ENICreateWithIPs || i.createWithAddrsRefused.Load() {
+		return 0
+	}
+	return max(0, min(want, n.capacity.MaxIPsPerENI-1, subnet.AvailableIP-1, cloud.MaxCreateSecondaryIPs))
+}
+
+// refusedForItsAddresses: a creation or attach that failed because of the
+// addresses asked for with the ENI.
+func refusedForItsAddresses(err error) bool {
+	return errors.Is(err, cloud.ErrVMMemoryCannotAttachMoreIP) || errors.Is(err, cloud.ErrSubnetHasNoMoreIP) ||
+		errors.Is(err, cloud.ErrInvalidRequest)
+}
+
+// createAndAttach creates the ENI with addrs secondary addresses, attaches
+// it and records it with them; an ENI that cannot be attached is deleted.
+func (i *IPAM) createAndAttach(ctx context.Context, n *node, pl placement, subnetID string, addrs int) (string, error) {
 	suffix := make([]byte, 3)
 	_, _ = rand.Read(suffix)
 	name := fmt.Sprintf("%s/%s/%s/%s", i.cfg.ClusterID, n.instanceID, n.name, hex.EncodeToString(suffix))
 	eniID, err := i.deps.Cloud.CreateENI(ctx, cloud.CreateENIRequest{
 		Name:                       name,
-		SubnetID:                   subnet.ID,
+		SubnetID:                   subnetID,
 		SecurityGroupIDs:           pl.SecurityGroups,
 		EnterpriseSecurityGroupIDs: pl.EnterpriseGroups,
 		Description:                "auto created by cce-ipam, do not modify",
+		SecondaryIPs:               addrs,
 	})
 	if err != nil {
-		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "create ENI in %s: %v", subnet.ID, err)
-		return fmt.Errorf("create ENI in %s: %w", subnet.ID, err)
+		return "", fmt.Errorf("create ENI in %s: %w", subnetID, err)
 	}
 	eni, err := i.attach(ctx, eniID, n.instanceID)
 	if err != nil {
 		i.discardENI(ctx, eniID, n.instanceID)
-		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "attach %s: %v", eniID, err)
-		return fmt.Errorf("attach %s: %w", eniID, err)
+		return "", fmt.Errorf("attach %s: %w", eniID, err)
 	}
 	de, ips, err := i.toDatastoreENI(ctx, *eni, n.capacity.MaxIPsPerENI)
 	if err == nil {
@@ -85,12 +136,13 @@ func (i *IPAM) createENI(ctx context.Context, n *node) error {
 	}
 	if err != nil {
 		// Attached but unrecorded: the next ENI sync adopts it.
-		return fmt.Errorf("record ENI %s: %w", eniID, err)
+		return "", fmt.Errorf("record ENI %s: %w", eniID, err)
 	}
-	i.metrics.enisCreated.Inc()
-	i.events.Eventf(k8sNode, corev1.EventTypeNormal, "CreateNewENI", "created and attached %s in subnet %s", eniID, subnet.ID)
-	i.log.Info("created ENI", "node", n.name, "eni", eniID, "subnet", subnet.ID)
-	return nil
+	if len(ips) > 0 {
+		i.metrics.poolAdded.Add(float64(len(ips)))
+		n.refill() // the allocations waiting for them
+	}
+	return eniID, nil
 }
 
 // Subnet selection policies for new ENIs.

@@ -113,7 +113,8 @@ func (i *IPAM) startENIAhead(run context.Context, name, reason string) bool {
 // startENICreation starts one creation for the node on its own goroutine,
 // unless one runs already (beginENI); ahead says it was asked by the
 // node's annotations (pre-attached count, warm IP target) rather than by a
-// pool that outgrows its ENIs (pool.go's balance).
+// pool that outgrows its ENIs (pool.go's balance), whose ENI is created
+// holding the addresses the pool wants beyond its room (createENI).
 func (i *IPAM) startENICreation(run context.Context, name, reason string, ahead bool) bool {
 	ctx, n, done, ok := i.acquireWork(run, name)
 	if !ok {
@@ -132,7 +133,7 @@ func (i *IPAM) startENICreation(run context.Context, name, reason string, ahead 
 	go func() {
 		defer i.workers.Done()
 		defer done()
-		err := i.createENI(ctx, n)
+		err := i.createENI(ctx, n, !ahead)
 		n.endENI(i.deps.Clock.Now(), reason, err)
 		if err != nil {
 			i.log.Warn(what+" failed", "node", name, "err", err)

@@ -88,6 +88,9 @@ type world struct {
 	// instanceTypes[k] ("" or past the end: no label). A node the IPAM does
 	// not serve (ipam.ServesNode) goes to env.unserved, not env.nodes.
 	instanceTypes []string
+	// primaryOnlyCreate: bce-sim refuses ENIs created with secondary
+	// addresses (bcesim.WorldConfig.CreateENIPrimaryOnly).
+	primaryOnlyCreate bool
 }
 
 // testConfig is ipam.DefaultConfig with a test's changes.
@@ -139,7 +142,8 @@ func newEnvIn(t testing.TB, prefix string, nodes int, cfg ipam.Config, w world) 
 	e.kube = kubernetes.NewForConfigOrDie(cp.Config)
 	e.cce = versioned.NewForConfigOrDie(cp.Config)
 
-	sim, err := bcesim.New(bcesim.Config{Credentials: map[string]string{testAK: testSK}, PageSize: 100})
+	sim, err := bcesim.New(bcesim.Config{Credentials: map[string]string{testAK: testSK}, PageSize: 100,
+		World: bcesim.WorldConfig{CreateENIPrimaryOnly: w.primaryOnlyCreate}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -113,6 +114,10 @@ type IPAM struct {
 	wepSel wepSelector // whether the wep CRD has the spec.node selectable field (wepselect.go)
 
 	prefetched prefetchSlot // a takeover's ENI list read ahead (prefetch.go)
+
+	// createWithAddrsRefused: the cloud refused an ENI created with
+	// secondary addresses as an invalid request; new ENIs bring none.
+	createWithAddrsRefused atomic.Bool
 
 	broadcaster record.EventBroadcaster
 	events      record.EventRecorder

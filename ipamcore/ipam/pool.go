@@ -107,9 +107,24 @@ func (i *IPAM) tryCreateENI(ctx context.Context, n *node, reason string) bool {
 		return false
 	}
 	i.log.Info("node needs another ENI", "node", n.name, "reason", reason)
-	err := i.createENI(ctx, n)
+	err := i.createENI(ctx, n, true)
 	n.endENI(i.deps.Clock.Now(), reason, err)
 	return err == nil
+}
+
+// beyondRoom is how many addresses a new ENI of n is created holding: what
+// the pool wants that the attached ENIs cannot take even once full
+// (pool.GrowPlan.BeyondRoom), computed at the creation itself, since a
+// burst's allocations keep arriving after the plan that asked for the ENI
+// (the first plan of a 14-pod burst saw 1 waiting). The pool worker's
+// unsettled trims are counted as idle here (their record is the worker's
+// own): at worst the ENI brings fewer, and batch adds bring the rest.
+func (i *IPAM) beyondRoom(n *node) int {
+	st, ok := i.poolState(n, nil)
+	if !ok {
+		return 0
+	}
+	return pool.PlanGrow(i.poolCfg, n.capacity, st, n.backoffs(), i.deps.Clock.Now()).BeyondRoom
 }
 
 // beginENI claims the node's one ENI creation: false while another runs or

@@ -42,7 +42,10 @@ type GrowPlan struct {
 	// room of those that can grow): they wait for a new ENI whatever else
 	// is added first.
 	WaitingShort int
-	Skips        []Skip // ENIs passed over, and why
+	// BeyondRoom is how many of the addresses wanted (Need) the attached
+	// ENIs cannot take even once full: what a new ENI is created holding.
+	BeyondRoom int
+	Skips      []Skip // ENIs passed over, and why
 	// NewENI asks for another ENI; ENIReason says why, or why not.
 	NewENI    bool
 	ENIReason string
@@ -76,6 +79,7 @@ func PlanGrow(cfg Config, capc Capacity, st NodeState, backoff map[string]Backof
 		}
 	}
 	p.WaitingShort = max(0, st.Waiting-idle-room)
+	p.BeyondRoom = max(0, p.Need-room)
 	for _, e := range enis {
 		if left == 0 {
 			break

@@ -131,6 +131,8 @@ func TestPlanGrow(t *testing.T) {
 		// waitingShort: waiting allocations beyond every growable ENI's
 		// room and the idle addresses.
 		waitingShort int
+		// beyondRoom: of need, what no attached ENI can take even once full.
+		beyondRoom int
 	}{
 		{
 			name: "warm enough: nothing",
@@ -150,7 +152,7 @@ func TestPlanGrow(t *testing.T) {
 		{
 			name: "spills to the next eni when the first fills",
 			st:   NodeState{Waiting: 5, ENIs: enis(ENIState{ID: "a", Total: 4, Assigned: 4}, ENIState{ID: "b", Total: 5, Assigned: 5})},
-			need: 6, adds: "a:3 b:2", short: 1, newENI: true, eniReason: "cannot take",
+			need: 6, adds: "a:3 b:2", short: 1, newENI: true, eniReason: "cannot take", beyondRoom: 1,
 		},
 		{
 			name: "never more than 10 per call",
@@ -162,17 +164,20 @@ func TestPlanGrow(t *testing.T) {
 			name: "waiting beyond all the enis' room: they wait for a new eni",
 			st:   NodeState{Waiting: 9, ENIs: enis(ENIState{ID: "a", Total: 4, Assigned: 4}, ENIState{ID: "b", Total: 5, Assigned: 5})},
 			need: 10, adds: "a:3 b:2", short: 5, newENI: true, eniReason: "cannot take", waitingShort: 4,
+			beyondRoom: 5,
 		},
 		{
 			name: "idle addresses serve waiting allocations first",
 			st:   NodeState{Waiting: 3, ENIs: enis(ENIState{ID: "a", Total: 7, Idle: 2, Assigned: 5})},
 			need: 4, short: 4, skips: "a:eni-full", newENI: true, eniReason: "warm ip target", waitingShort: 1,
+			beyondRoom: 4,
 		},
 		{
 			name:    "an eni in backoff lends no room to waiting allocations",
 			st:      NodeState{Waiting: 3, ENIs: enis(ENIState{ID: "b", Total: 1, Assigned: 1})},
 			backoff: map[string]Backoff{"b": {Failures: 1, Until: future, MaxBatch: 2}},
 			need:    4, short: 4, skips: "b:backoff", newENI: true, eniReason: "warm ip target", waitingShort: 3,
+			beyondRoom: 4,
 		},
 		{
 			name: "exhausted subnet and backoff are skipped",
@@ -190,28 +195,29 @@ func TestPlanGrow(t *testing.T) {
 		{
 			name: "all enis full: need a new eni",
 			st:   NodeState{ENIs: enis(ENIState{ID: "a", Total: 7, Assigned: 7}, ENIState{ID: "b", Total: 7, Assigned: 7})},
-			need: 4, short: 4, skips: "a:eni-full b:eni-full", newENI: true, eniReason: "warm ip target",
+			need: 4, short: 4, skips: "a:eni-full b:eni-full", newENI: true, eniReason: "warm ip target", beyondRoom: 4,
 		},
 		{
 			name: "full but at max enis",
 			st: NodeState{ENIs: enis(ENIState{ID: "a", Total: 7, Assigned: 7}, ENIState{ID: "b", Total: 7, Assigned: 7},
 				ENIState{ID: "c", Total: 7, Assigned: 7})},
 			need: 4, short: 4, skips: "a:eni-full b:eni-full c:eni-full", newENI: false, eniReason: "maximum",
+			beyondRoom: 4,
 		},
 		{
 			name: "eni creation already in flight",
 			st:   NodeState{ENIPending: true, ENIs: enis(ENIState{ID: "a", Total: 7, Assigned: 7})},
-			need: 4, short: 4, skips: "a:eni-full", newENI: false, eniReason: "already being created",
+			need: 4, short: 4, skips: "a:eni-full", newENI: false, eniReason: "already being created", beyondRoom: 4,
 		},
 		{
 			name: "no eni at all: pre-attach",
 			st:   NodeState{},
-			need: 4, short: 4, newENI: true, eniReason: "pre-attached",
+			need: 4, short: 4, newENI: true, eniReason: "pre-attached", beyondRoom: 4,
 		},
 		{
 			name: "per-eni capacity overrides the node's",
 			st:   NodeState{ENIs: enis(ENIState{ID: "a", Total: 1, Assigned: 1, Capacity: 3})},
-			need: 4, adds: "a:1", short: 3, newENI: true, eniReason: "warm ip target",
+			need: 4, adds: "a:1", short: 3, newENI: true, eniReason: "warm ip target", beyondRoom: 3,
 		},
 		{
 			name: "spare below warm target though pool is warm",
@@ -244,6 +250,9 @@ func TestPlanGrow(t *testing.T) {
 			}
 			for _, s := range p.Skips {
 				skips = append(skips, fmt.Sprintf("%s:%s", s.ENIID, s.Reason))
+			}
+			if p.BeyondRoom != tc.beyondRoom {
+				t.Fatalf("beyond the room: %d, want %d (plan %+v)", p.BeyondRoom, tc.beyondRoom, p)
 			}
 			if p.Need != tc.need || strings.Join(adds, " ") != tc.adds || p.Short != tc.short || p.WaitingShort != tc.waitingShort ||
 				strings.Join(skips, " ") != tc.skips || p.NewENI != tc.newENI || !strings.Contains(p.ENIReason, tc.eniReason) {

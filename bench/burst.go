@@ -277,8 +277,9 @@ func (e *env) ownerShare(ctx context.Context, node string) (shard.Share, error) 
 }
 
 // burstFloor is what the cloud limits and the API server allow at best:
-// the addresses the node lacks come in batches of batch, one BCE call each;
-// the addresses beyond its ENIs' free slots need new ENIs of perENI secondary
+// the addresses the node lacks fill its ENIs' free slots in batches of
+// batch, one BCE call each; those beyond the free slots come with new ENIs
+// created holding them (CreateENI's privateIpSet), perENI secondary
 // addresses each, a create and an attach call each and, once, attachDelay
 // (attached side by side); the pods' weps cost the bare creates of the same
 // burst, or of its last batch when calls wait. The calls wait for two
@@ -289,7 +290,7 @@ func (e *env) ownerShare(ctx context.Context, node string) (shard.Share, error) 
 // a new ENI before its addresses.
 func burstFloor(r burstRun, batch, perENI int, attachDelay time.Duration) (time.Duration, string) {
 	need := max(0, r.pods-r.idleAt0)
-	batches := int(math.Ceil(float64(need) / float64(max(1, batch))))
+	batches := int(math.Ceil(float64(min(need, r.enisAt0)) / float64(max(1, batch))))
 	newENIs := 0
 	if short := need - r.enisAt0; short > 0 {
 		newENIs = int(math.Ceil(float64(short) / float64(max(1, perENI))))
@@ -337,7 +338,7 @@ func burstFloor(r burstRun, batch, perENI int, attachDelay time.Duration) (time.
 			batch, api.Round(time.Millisecond), batch, r.pods, r.apiFloor.Round(time.Millisecond))
 	}
 	note := fmt.Sprintf("%d addresses to add (%d pods, %d idle, %d free ENI slots): %d batch call(s) of %d, %d new ENI(s) "+
-		"(create + attach, %s attach); %s; %s",
+		"created holding the rest (create + attach, %s attach); %s; %s",
 		need, r.pods, r.idleAt0, r.enisAt0, batches, batch, newENIs, attachDelay, bound, apiNote)
 	return cloudWait + api, note
 }

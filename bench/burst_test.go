@@ -28,28 +28,31 @@ func TestBurstFloor(t *testing.T) {
 	if want := time.Second + 100*time.Millisecond/3; got != want {
 		t.Errorf("floor = %v, want %v (%s)", got, want, note)
 	}
-	// 100 pods, 10 idle, 5 free slots: 90 to add, 85 beyond the slots: 3
-	// new ENIs of 39 (6 calls) + 9 batches = 15 calls; burst 5 at once,
-	// 10 at 5/s = 2 s; one attach of 50 ms; the last 10 of 100 creates
-	// (300 ms): 30 ms.
-	r = burstRun{pods: 100, idleAt0: 10, enisAt0: 5, share: 5, shareB: 5, apiFloor: 300 * time.Millisecond}
+	// 100 pods, 10 idle, 5 free slots: 90 to add; 5 fill the slots in 1
+	// batch, 85 come with 3 new ENIs of 39 (6 calls): 7 calls; share 2/s
+	// with a burst of 1: 6 wait 3 s; one attach of 50 ms; the last 10 of
+	// 100 creates (300 ms): 30 ms.
+	r = burstRun{pods: 100, idleAt0: 10, enisAt0: 5, share: 2, shareB: 1, apiFloor: 300 * time.Millisecond}
 	got, note = burstFloor(r, 10, 39, 50*time.Millisecond)
-	if got != 2080*time.Millisecond {
-		t.Errorf("floor = %v, want 2.08s (%s)", got, note)
+	if got != 3080*time.Millisecond {
+		t.Errorf("floor = %v, want 3.08s (%s)", got, note)
 	}
-	if !strings.Contains(note, "3 new ENI(s)") || !strings.Contains(note, "15 BCE calls") {
+	if !strings.Contains(note, "3 new ENI(s)") || !strings.Contains(note, "7 BCE calls") {
 		t.Errorf("note: %s", note)
 	}
-	// The same with the owner holding a third of the upstream's
-	// per-operation limits: BatchAddPrivateIP 5/s, burst 10 → 1.67/s,
-	// burst 3; 9 batches: 6 wait 3.6 s, more than the 2 s of the budget
-	// share (CreateENI and AttachENI: 3 calls, burst 1 at 1.67/s, 1.2 s).
-	r.opShare, r.opLimits = 1.0/3, cloud.DefaultOpLimits()
+	// 100 pods, 9 idle, 61 free slots: 91 to add; 61 fill the slots in 7
+	// batches, 30 come with 1 new ENI; the owner holds a third of the
+	// upstream's per-operation limits (BatchAddPrivateIP 5/s, burst 10 →
+	// 1.67/s, burst 3): 4 batches wait 2.4 s, more than the 9 calls at the
+	// budget share of 5/s with a burst of 5 (0.8 s); attach 50 ms; the last
+	// 10 of 100 creates: 30 ms.
+	r = burstRun{pods: 100, idleAt0: 9, enisAt0: 61, share: 5, shareB: 5, apiFloor: 300 * time.Millisecond,
+		opShare: 1.0 / 3, opLimits: cloud.DefaultOpLimits()}
 	got, note = burstFloor(r, 10, 39, 50*time.Millisecond)
-	if got != 3680*time.Millisecond {
-		t.Errorf("floor with a third of the operation limits = %v, want 3.68s (%s)", got, note)
+	if got != 2480*time.Millisecond {
+		t.Errorf("floor with a third of the operation limits = %v, want 2.48s (%s)", got, note)
 	}
-	if !strings.Contains(note, "9 BatchAddPrivateIP calls at the owner's share of its limit, 1.67/s with a burst of 3") {
+	if !strings.Contains(note, "7 BatchAddPrivateIP calls at the owner's share of its limit, 1.67/s with a burst of 3") {
 		t.Errorf("note: %s", note)
 	}
 }

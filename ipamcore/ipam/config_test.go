@@ -28,8 +28,9 @@ func TestConfig_DefaultsAreTheFlags(t *testing.T) {
 		PoolCheckPeriod: 30 * time.Second, AllocateWait: 10 * time.Second,
 		Cooldown: 5 * time.Second, ReadLag: 5 * time.Second,
 		ENISyncPeriod: 20 * time.Second, LeakedENIAge: 3 * time.Minute,
-		SubnetSelection: ipam.SubnetMostFreeIP,
-		GCPeriod:        120 * time.Second, LeakGrace: 10 * time.Minute,
+		ENICreateWithIPs: true, // a new ENI for waiting pods holds their addresses (eni.go)
+		SubnetSelection:  ipam.SubnetMostFreeIP,
+		GCPeriod:         120 * time.Second, LeakGrace: 10 * time.Minute,
 		SubnetAvailableIndex: 2, // the reference's --subnet-available-index
 	}
 	if flagged != want {

@@ -152,7 +152,7 @@ func (e *env) runCPU(ctx context.Context, pods []pod, base baseline) (*cpuResult
 			return res, fmt.Errorf("%s: %w", run.label, err)
 		}
 		// The DELs' finishes after their answers are part of the pairs.
-		if _, err := e.finishesDone(ctx); err != nil {
+		if _, err := e.finishesDone(ctx, quietPoll); err != nil {
 			return res, fmt.Errorf("%s: %w", run.label, err)
 		}
 		wall := time.Since(start)

@@ -162,7 +162,7 @@ func (e *env) countRequests(ctx context.Context, res *requestsResult, row reqRow
 		return fmt.Errorf("%s: %w", row.kind, err)
 	}
 	// A DEL is answered before its finalizer's patch: count those too.
-	if _, err := e.finishesDone(ctx); err != nil {
+	if _, err := e.finishesDone(ctx, quietPoll); err != nil {
 		return fmt.Errorf("%s: %w", row.kind, err)
 	}
 	after, err := e.scrapeAPIServer(ctx)

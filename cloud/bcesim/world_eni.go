@@ -177,6 +177,30 @@ func (w *World) resolveIPs(vpc, zone, defSubnet string, reqs []IPRequest) ([]ipA
 	return out, nil
 }
 
+// checkCreateIPs validates a create's privateIpSet: exactly one primary,
+// every entry in the ENI's subnet, no more than an unattached ENI holds.
+func (w *World) checkCreateIPs(reqs []IPRequest, subnetID string) error {
+	primaries := 0
+	for _, r := range reqs {
+		if r.Primary {
+			primaries++
+		}
+		if r.Subnet != "" && r.Subnet != subnetID {
+			return errBadParam("privateIpSet entries must be in the eni subnet")
+		}
+	}
+	if primaries != 1 {
+		return errBadParam("privateIpSet must hold exactly one primary address, got %d", primaries)
+	}
+	if w.cfg.CreateENIPrimaryOnly && len(reqs) > 1 {
+		return errBadParam("privateIpSet: only the primary address is taken at creation")
+	}
+	if len(reqs) > maxIPsUnattached {
+		return apiErr(http.StatusBadRequest, CodeVMMemoryIPCap, "an eni holds at most %d addresses", maxIPsUnattached)
+	}
+	return nil
+}
+
 // CreateENI creates an ENI (and attaches it when InstanceID is set).
 func (w *World) CreateENI(now time.Time, in CreateENIInput) (string, error) {
 	w.advance(now)
@@ -211,23 +235,8 @@ func (w *World) CreateENI(now time.Time, in CreateENIInput) (string, error) {
 	default:
 		return "", errBadParam("networkInterfaceTrafficMode %q: want standard or highPerformance", in.TrafficMode)
 	}
-	primaries := 0
-	for _, r := range in.PrivateIPs {
-		if r.Primary {
-			primaries++
-		}
-		if r.Subnet != "" && r.Subnet != sn.ID {
-			return "", errBadParam("privateIpSet entries must be in the eni subnet")
-		}
-	}
-	if primaries != 1 {
-		return "", errBadParam("privateIpSet must hold exactly one primary address, got %d", primaries)
-	}
-	if w.cfg.CreateENIPrimaryOnly && len(in.PrivateIPs) > 1 {
-		return "", errBadParam("privateIpSet: only the primary address is taken at creation")
-	}
-	if len(in.PrivateIPs) > maxIPsUnattached {
-		return "", apiErr(http.StatusBadRequest, CodeVMMemoryIPCap, "an eni holds at most %d addresses", maxIPsUnattached)
+	if err := w.checkCreateIPs(in.PrivateIPs, sn.ID); err != nil {
+		return "", err
 	}
 	var inst *instance
 	if in.InstanceID != "" {

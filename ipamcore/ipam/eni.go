@@ -37,11 +37,11 @@ const (
 // IPPools (eniplan.go) chosen by the configured policy, attaches it and
 // records it. At most one creation runs per node (beginENI), on the pool
 // worker or on an ahead-of-demand goroutine of the ENI sync (eniahead.go).
-// For the pool (forPool; not ahead of demand, where no allocation waits) it
-// is created holding the addresses the pool wants beyond the attached ENIs'
-// room (beyondRoom, eniAddresses), so a burst that outgrew the node's ENIs
-// needs no batch adds on the new one, each a call at the replica's share of
-// the per-operation limit. On failure the ENI is deleted again, so nothing
+// For the pool (forPool: waiting allocations or a pool below its minimum,
+// not ahead of demand) it is created holding the addresses the pool wants
+// beyond the attached ENIs' room (beyondRoom, eniAddresses), so a burst that
+// outgrew the node's ENIs needs no batch adds on the new one, each a call at
+// the replica's share of the per-operation limit. On failure the ENI is deleted again, so nothing
 // leaks, and the node gets a Warning event.
 func (i *IPAM) createENI(ctx context.Context, n *node, forPool bool) error {
 	k8sNode, err := i.nodes.Get(n.name)
@@ -89,8 +89,9 @@ func (i *IPAM) createENI(ctx context.Context, n *node, forPool bool) error {
 }
 
 // eniAddresses is how many secondary addresses a new ENI is created with:
-// want, within the ENI's capacity and the subnet's free addresses (the primary takes one). None when turned off
-// (--eni-create-with-ips) or once the cloud refused such a creation.
+// want, within the ENI's capacity and the subnet's free addresses (the
+// primary takes one). None when turned off (--eni-create-with-ips) or once
+// the cloud refused such a creation as a bad request.
 func (i *IPAM) eniAddresses(n *node, subnet *cloud.Subnet, want int) int {
 	if !i.cfg.ENICreateWithIPs || i.createWithAddrsRefused.Load() {
 		return 0

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -28,6 +29,9 @@ type cpuRun struct {
 	// mallocs and allocBytes are go_memstats_mallocs_total and
 	// go_memstats_alloc_bytes_total over the pairs.
 	mallocs, allocBytes float64
+	// leftOut are the chart's flags this binary does not know (an older
+	// baseline, before the flag existed): it ran without them.
+	leftOut []string
 }
 
 // per1000 is the run's CPU-seconds per 1,000 ADD+DEL pairs with the idle
@@ -118,6 +122,7 @@ func (e *env) runCPU(ctx context.Context, pods []pod, base baseline) (*cpuResult
 			head = "tree " + strings.TrimSpace(string(out))
 		}
 	}
+	phase := e.currentPhaseArgs()
 	for _, run := range []struct {
 		into          *cpuRun
 		label, commit string
@@ -126,7 +131,19 @@ func (e *env) runCPU(ctx context.Context, pods []pod, base baseline) (*cpuResult
 		if err := e.useReplicaBinary(run.bin); err != nil {
 			return res, err
 		}
-		if err := e.restartWith(ctx, e.currentPhaseArgs()...); err != nil {
+		args := phase
+		if run.bin != "" {
+			known, err := knownFlags(ctx, run.bin)
+			if err != nil {
+				return res, fmt.Errorf("%s: %w", run.label, err)
+			}
+			args, run.into.leftOut = argsKnownTo(phase, known)
+			if len(run.into.leftOut) > 0 {
+				e.log.Info("apicost cpu: the chart's flags this binary does not know are left out", "binary", run.label,
+					"flags", run.into.leftOut)
+			}
+		}
+		if err := e.restartWith(ctx, args...); err != nil {
 			return res, fmt.Errorf("%s: restart: %w", run.label, err)
 		}
 		r := e.running()[0]
@@ -161,7 +178,7 @@ func (e *env) runCPU(ctx context.Context, pods []pod, base baseline) (*cpuResult
 			return res, err
 		}
 		*run.into = cpuRun{label: run.label, commit: run.commit, pairs: len(pods), wall: wall, cpu: s1.cpu - i1.cpu, idle: idle,
-			mallocs: s1.mallocs - i1.mallocs, allocBytes: s1.allocBytes - i1.allocBytes}
+			mallocs: s1.mallocs - i1.mallocs, allocBytes: s1.allocBytes - i1.allocBytes, leftOut: run.into.leftOut}
 		e.log.Info("apicost cpu", "binary", run.label, "commit", run.commit, "cpu_s_per_1000_pairs", run.into.per1000(),
 			"idle_cpu_per_s", idle, "mallocs_per_pair", run.into.mallocsPerPair(), "wall", wall)
 	}
@@ -222,4 +239,38 @@ func (e *env) currentPhaseArgs() []string {
 	e.argsMu.Lock()
 	defer e.argsMu.Unlock()
 	return append([]string(nil), e.phaseArgs...)
+}
+
+// knownFlags are the long flags bin's --help names.
+func knownFlags(ctx context.Context, bin string) (map[string]bool, error) {
+	// --help may exit non-zero (pflag's ErrHelp); its text is what counts.
+	out, _ := exec.CommandContext(ctx, bin, "--help").CombinedOutput()
+	known := map[string]bool{}
+	for _, m := range flagName.FindAllStringSubmatch(string(out), -1) {
+		known[m[1]] = true
+	}
+	if len(known) == 0 {
+		return nil, fmt.Errorf("%s --help names no flag: %.200s", bin, out)
+	}
+	return known, nil
+}
+
+var flagName = regexp.MustCompile(`--([a-z0-9][a-z0-9-]*)`)
+
+// argsKnownTo keeps the flags of args that known names, with the values
+// that follow them as separate arguments, and returns the others.
+func argsKnownTo(args []string, known map[string]bool) (kept, left []string) {
+	keep := true
+	for _, a := range args {
+		if name, ok := strings.CutPrefix(a, "--"); ok {
+			name, _, _ = strings.Cut(name, "=")
+			keep = known[name]
+		}
+		if keep {
+			kept = append(kept, a)
+		} else {
+			left = append(left, a)
+		}
+	}
+	return kept, left
 }

@@ -183,7 +183,11 @@ func (e *env) runAsChartServiceAccount(ctx context.Context, res *noisyResult, ph
 		return nil, err
 	}
 	res.identity = "system:serviceaccount:" + podNamespace + ":" + sa
-	for _, r := range e.running()[1:] {
+	run := e.running()
+	if len(run) == 0 {
+		return nil, errors.New("no replica is running")
+	}
+	for _, r := range run[1:] {
 		if err = r.Remove(); err != nil {
 			return nil, err
 		}

@@ -323,7 +323,12 @@ func (b *docBuilder) cpuTable(c *cpuResult) report.Table {
 		if r.pairs == 0 {
 			continue
 		}
-		t.Rows = append(t.Rows, []string{r.label, r.commit, fmt.Sprint(r.pairs), report.Num(r.wall.Seconds(), 1),
+		commit := r.commit
+		if len(r.leftOut) > 0 {
+			// An older baseline ran without the chart's flags it does not know.
+			commit += " (without " + strings.Join(r.leftOut, " ") + ")"
+		}
+		t.Rows = append(t.Rows, []string{r.label, commit, fmt.Sprint(r.pairs), report.Num(r.wall.Seconds(), 1),
 			report.Num(r.per1000(), 2), report.Num(r.idle, 3), report.Num(r.mallocsPerPair(), 0), report.Num(r.bytesPerPair()/1024, 1)})
 	}
 	if c.before.pairs > 0 && c.after.pairs > 0 {

@@ -196,3 +196,16 @@ func TestPhase_WindowRates(t *testing.T) {
 		t.Error("k=0: windows")
 	}
 }
+
+// A baseline older than a chart flag runs without it (and without the
+// value that follows it as its own argument); everything it knows stays.
+func TestArgsKnownTo_LeavesOutWhatTheBinaryDoesNotKnow(t *testing.T) {
+	known := map[string]bool{"gc-period": true, "kube-api-qps": true}
+	kept, left := argsKnownTo([]string{"--gc-period=2m", "--eni-create-with-ips=true", "--kube-api-qps", "0", "--new-flag", "x"}, known)
+	if got, want := strings.Join(kept, " "), "--gc-period=2m --kube-api-qps 0"; got != want {
+		t.Fatalf("kept %q, want %q", got, want)
+	}
+	if got, want := strings.Join(left, " "), "--eni-create-with-ips=true --new-flag x"; got != want {
+		t.Fatalf("left out %q, want %q", got, want)
+	}
+}

@@ -70,13 +70,16 @@ func (i *IPAM) createENI(ctx context.Context, n *node, forPool bool) error {
 		// says, have fewer free than it described, or not take secondary
 		// addresses at creation at all: the reference's ENI, the primary
 		// only, is still wanted, and batch adds bring the rest.
-		if errors.Is(err, cloud.ErrInvalidRequest) {
-			i.createWithAddrsRefused.Store(true)
-		}
 		i.log.Warn("creating an ENI with its addresses failed; creating it with its primary only",
 			"node", n.name, "addresses", addrs, "err", err)
+		refusal := err
 		addrs = 0
 		eniID, err = i.createAndAttach(ctx, n, pl, subnet.ID, 0)
+		if err == nil && errors.Is(refusal, cloud.ErrInvalidRequest) {
+			// Only the addresses made it a bad request (the same ENI
+			// without them was taken): this cloud does not take them.
+			i.createWithAddrsRefused.Store(true)
+		}
 	}
 	if err != nil {
 		i.events.Eventf(k8sNode, corev1.EventTypeWarning, "CreateNewENIFailed", "%v", err)

@@ -131,16 +131,15 @@ func (e *env) runCPU(ctx context.Context, pods []pod, base baseline) (*cpuResult
 		if err := e.useReplicaBinary(run.bin); err != nil {
 			return res, err
 		}
-		args := phase
+		args, leftOut := phase, []string(nil)
 		if run.bin != "" {
 			known, err := knownFlags(ctx, run.bin)
 			if err != nil {
 				return res, fmt.Errorf("%s: %w", run.label, err)
 			}
-			args, run.into.leftOut = argsKnownTo(phase, known)
-			if len(run.into.leftOut) > 0 {
+			if args, leftOut = argsKnownTo(phase, known); len(leftOut) > 0 {
 				e.log.Info("apicost cpu: the chart's flags this binary does not know are left out", "binary", run.label,
-					"flags", run.into.leftOut)
+					"flags", leftOut)
 			}
 		}
 		if err := e.restartWith(ctx, args...); err != nil {
@@ -178,7 +177,7 @@ func (e *env) runCPU(ctx context.Context, pods []pod, base baseline) (*cpuResult
 			return res, err
 		}
 		*run.into = cpuRun{label: run.label, commit: run.commit, pairs: len(pods), wall: wall, cpu: s1.cpu - i1.cpu, idle: idle,
-			mallocs: s1.mallocs - i1.mallocs, allocBytes: s1.allocBytes - i1.allocBytes, leftOut: run.into.leftOut}
+			mallocs: s1.mallocs - i1.mallocs, allocBytes: s1.allocBytes - i1.allocBytes, leftOut: leftOut}
 		e.log.Info("apicost cpu", "binary", run.label, "commit", run.commit, "cpu_s_per_1000_pairs", run.into.per1000(),
 			"idle_cpu_per_s", idle, "mallocs_per_pair", run.into.mallocsPerPair(), "wall", wall)
 	}
